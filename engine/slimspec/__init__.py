@@ -1,0 +1,1 @@
+"""SlimSpec engine."""

@@ -1,0 +1,78 @@
+"""Plain data types shared by the decoder, the batching scheduler and the server.
+
+They are the contract between the speculative loop (decoder.py) and everything
+that drives it; keep them free of torch so the server layer can import them cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sequence to decode. prompt_ids are already tokenized."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: frozenset[int] = frozenset()  # e.g. EOS; generation ends after one
+
+
+@dataclass
+class RequestStats:
+    """Per-request speculation statistics."""
+
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens the target accepted
+    verify_steps: int = 0  # target forward passes after prefill
+    accepted_per_position: list[int] = field(default_factory=list)  # [i] = accepted at draft pos i
+    drafted_per_position: list[int] = field(default_factory=list)
+    draft_time_s: float = 0.0
+    target_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target verification (accepted drafts + 1 bonus/correction)."""
+        if self.verify_steps == 0:
+            return 0.0
+        return (self.accepted + self.verify_steps) / self.verify_steps
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class StepOutput:
+    """What one scheduler step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None  # "stop" (stop token) | "length" | "cancelled"
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]  # generated tokens only, without the prompt
+    finish_reason: str
+    stats: RequestStats

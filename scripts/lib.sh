@@ -1,0 +1,23 @@
+# Shared shell helpers for the project's scripts. Source it; do not run it.
+# Everything heavy (venv packages' download cache, Kubernetes binaries, helm,
+# Prometheus, model weights) is cached outside the repository under
+# $SLIMSPEC_CACHE so a second run, or a fresh clone, reuses it.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export REPO_ROOT
+export SLIMSPEC_CACHE="${SLIMSPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/slimspec}"
+export UV_CACHE_DIR="${UV_CACHE_DIR:-$SLIMSPEC_CACHE/uv}"
+VENV="${SLIMSPEC_VENV:-$REPO_ROOT/.venv}"
+export VENV
+mkdir -p "$SLIMSPEC_CACHE"
+
+# step NAME CMD...: run a set-up step and print how long it took, so slow
+# steps are visible in CI logs.
+step() {
+  local name="$1"; shift
+  local t0=$SECONDS
+  echo "==> $name"
+  "$@"
+  echo "<== $name took $((SECONDS - t0))s"
+}
