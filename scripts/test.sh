@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: set-up (cached outside the repo),
+# then pytest. Extra arguments go to pytest.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+t_all=$SECONDS
+step "bootstrap venv" bash "$REPO_ROOT/scripts/bootstrap.sh"
+step "test bed binaries (kube-apiserver, controller-manager, etcd, helm, prometheus)" \
+  bash "$REPO_ROOT/scripts/testbed/install.sh"
+step "real model pair (fetch, verify, convert)" \
+  "$VENV/bin/python" -m slimspec.fetch --pair default
+cd "$REPO_ROOT"
+rc=0
+step "pytest" "$VENV/bin/python" -m pytest "$@" || rc=$?
+echo "total test command time: $((SECONDS - t_all))s"
+exit $rc

@@ -1,0 +1,1 @@
+"""pytest fixtures: models (see module owner)."""

@@ -1,0 +1,1 @@
+"""pytest fixtures: tiny_models (see module owner)."""

@@ -1,0 +1,1 @@
+"""pytest fixtures: tools (see module owner)."""
