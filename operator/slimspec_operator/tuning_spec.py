@@ -25,7 +25,10 @@ DEFAULT_QUERIES: dict[str, str] = {
     ),
     "requestRate": f"sum(rate(slimspec_requests_total{{{SELECTOR}}}[{RATE_WINDOW}]))",
     "meanAcceptedLength": f"avg(slimspec_mean_accepted_length{{{SELECTOR}}})",
-    "fallbackRate": f"sum(rate(slimspec_fallbacks_total{{{SELECTOR}}}[{RATE_WINDOW}]))",
+    # A labelled counter has no series until its first fallback: that is 0/s.
+    "fallbackRate": (
+        f"sum(rate(slimspec_fallbacks_total{{{SELECTOR}}}[{RATE_WINDOW}])) or vector(0)"
+    ),
     # min over pods: the worst replica decides whether compression may grow.
     "keptAcceptance": f"min(slimspec_acceptance_kept_ratio{{{SELECTOR}}})",
     # Used by the autoscaler only when targetQueueDepth is set.
