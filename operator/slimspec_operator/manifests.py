@@ -1,0 +1,420 @@
+"""Pure builders: SlimSpecService -> Kubernetes manifests (plain dicts).
+
+Names and labels follow docs/contracts.md. Each model version (more exactly,
+each distinct pod template) runs in its own Deployment `<name>-<hash>`, so a
+rollout is blue/green: the Service selects one template hash at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from .spec import API_VERSION, KIND, ModelSource, SlimSpecService, ratio_in_force
+
+Manifest = dict[str, Any]
+
+ENGINE_PORT = 8080
+ENGINE_UID = 10001
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+VERSION_LABEL = "slimspec.io/model-version"
+HASH_LABEL = "slimspec.io/template-hash"
+ENGINE_NAME = "slimspec-engine"
+MANAGER = "slimspec-operator"
+
+ADMIN_TOKEN_DIR = "/var/run/slimspec/admin"
+CACHE_DIR = "/var/cache/slimspec"
+MODELS_DIR = "/models"
+TERMINATION_GRACE_SECONDS = 60
+# After asking the engine to drain, keep the pod alive a little so endpoint
+# removal reaches every proxy before the process exits.
+PRESTOP_SLEEP_SECONDS = 5
+
+_PRESTOP = (
+    "import os,time,urllib.request as u\n"
+    "try:\n"
+    f" t=open('{ADMIN_TOKEN_DIR}/token').read().strip()\n"
+    f" r=u.Request('http://127.0.0.1:{ENGINE_PORT}/admin/drain',method='POST',"
+    "headers={'Authorization':'Bearer '+t})\n"
+    " u.urlopen(r,timeout=%d).read()\n"
+    "except Exception as e:\n"
+    " print('drain failed:',e)\n"
+    "time.sleep(%d)\n"
+) % (TERMINATION_GRACE_SECONDS - PRESTOP_SLEEP_SECONDS - 5, PRESTOP_SLEEP_SECONDS)
+
+
+# ---------------------------------------------------------------- names
+
+
+def service_name(name: str) -> str:
+    return name
+
+
+def configmap_name(name: str) -> str:
+    return f"{name}-runtime"
+
+
+def engine_account_name(name: str) -> str:
+    return f"{name}-engine"
+
+
+def admin_secret_name(name: str) -> str:
+    return f"{name}-admin"
+
+
+def deployment_name(name: str, template_hash: str) -> str:
+    return f"{name}-{template_hash}"
+
+
+def common_labels(name: str) -> dict[str, str]:
+    return {NAME_LABEL: ENGINE_NAME, INSTANCE_LABEL: name, MANAGED_BY_LABEL: MANAGER}
+
+
+def selector_string(name: str) -> str:
+    """status.selector: every engine pod of the resource (scale subresource, HPA, KEDA)."""
+    return f"{NAME_LABEL}={ENGINE_NAME},{INSTANCE_LABEL}={name}"
+
+
+def owner_reference(svc: SlimSpecService) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": svc.name,
+        "uid": svc.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(svc: SlimSpecService, name: str, labels: dict[str, str] | None = None) -> Manifest:
+    return {
+        "name": name,
+        "namespace": svc.namespace,
+        "labels": {**common_labels(svc.name), **(labels or {})},
+        "ownerReferences": [owner_reference(svc)],
+    }
+
+
+# ---------------------------------------------------------------- pod template
+
+
+def _model_mounts(
+    svc: SlimSpecService,
+) -> tuple[dict[str, str], list[Manifest], list[Manifest], list[Manifest]]:
+    """(paths by role, volumes, mounts, init containers) for the target and draft models."""
+    paths: dict[str, str] = {}
+    volumes: list[Manifest] = []
+    mounts: list[Manifest] = []
+    inits: list[Manifest] = []
+    claims: dict[str, str] = {}  # claim name -> volume name; one volume per claim
+    needs_cache = False
+    roles: list[tuple[str, ModelSource]] = [
+        ("target", svc.spec.model.target),
+        ("draft", svc.spec.model.draft),
+    ]
+    for role, src in roles:
+        if src.source == "pvc" and src.pvc is not None:
+            vol = claims.get(src.pvc.claim_name)
+            if vol is None:
+                vol = f"model-pvc-{len(claims)}"
+                claims[src.pvc.claim_name] = vol
+                volumes.append(
+                    {
+                        "name": vol,
+                        "persistentVolumeClaim": {
+                            "claimName": src.pvc.claim_name,
+                            "readOnly": src.pvc.read_only,
+                        },
+                    }
+                )
+                mounts.append(
+                    {
+                        "name": vol,
+                        "mountPath": f"{MODELS_DIR}/{vol}",
+                        "readOnly": src.pvc.read_only,
+                    }
+                )
+            sub = src.pvc.path.strip("/")
+            paths[role] = f"{MODELS_DIR}/{vol}" + (f"/{sub}" if sub else "")
+        elif src.source == "huggingface" and src.huggingface is not None:
+            needs_cache = True
+            out = f"{MODELS_DIR}/cache/{role}"
+            paths[role] = out
+            inits.append(
+                {
+                    "name": f"fetch-{role}",
+                    "image": svc.spec.image,
+                    "imagePullPolicy": svc.spec.image_pull_policy,
+                    "command": ["slimspec", "fetch"],
+                    "args": [
+                        "--hf",
+                        src.huggingface.id,
+                        "--revision",
+                        src.huggingface.revision,
+                        "--out",
+                        out,
+                    ],
+                    "env": [{"name": "HF_HOME", "value": f"{MODELS_DIR}/cache/.hf"}],
+                    "volumeMounts": [
+                        {"name": "model-cache", "mountPath": f"{MODELS_DIR}/cache"},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                    ],
+                    "securityContext": _container_security(),
+                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+                }
+            )
+    if needs_cache:
+        volumes.append({"name": "model-cache", "emptyDir": {}})
+        mounts.append({"name": "model-cache", "mountPath": f"{MODELS_DIR}/cache"})
+    return paths, volumes, mounts, inits
+
+
+def _container_security() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": ENGINE_UID,
+        "runAsGroup": ENGINE_UID,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _cm_env(env: str, key: str, cm: str) -> Manifest:
+    # Initial value from the runtime ConfigMap: the template only names the key,
+    # so a ratio change never changes the template hash.
+    return {"name": env, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}}
+
+
+def _resources(svc: SlimSpecService) -> Manifest:
+    r = svc.spec.resources
+    limits: dict[str, Any] = {"memory": str(r.memory)}
+    if r.gpu > 0:
+        limits["nvidia.com/gpu"] = str(r.gpu)
+    return {"requests": {"cpu": str(r.cpu), "memory": str(r.memory)}, "limits": limits}
+
+
+def pod_template(svc: SlimSpecService) -> Manifest:
+    """The engine pod template without the hash label (the hash is computed over this)."""
+    spec = svc.spec
+    cm = configmap_name(svc.name)
+    paths, model_volumes, model_mounts, inits = _model_mounts(svc)
+    env: list[Manifest] = [
+        {"name": "PORT", "value": str(ENGINE_PORT)},
+        {"name": "MODEL_PATH", "value": paths["target"]},
+        {"name": "DRAFT_MODEL_PATH", "value": paths["draft"]},
+        {"name": "MODEL_VERSION", "value": spec.model.version},
+        _cm_env("COMPRESSION_RATIO", "compression_ratio", cm),
+        _cm_env("QUALITY_THRESHOLD", "quality_threshold", cm),
+        _cm_env("FALLBACK_STRATEGY", "fallback_strategy", cm),
+        {"name": "SLIMSPEC_DEVICE", "value": "cuda" if spec.resources.gpu > 0 else "cpu"},
+        {"name": "SLIMSPEC_MAX_BATCH_SIZE", "value": str(spec.batching.max_batch_size)},
+        {"name": "SLIMSPEC_MAX_WAIT_MS", "value": str(spec.batching.max_wait_ms)},
+        {"name": "SLIMSPEC_MAX_QUEUE", "value": str(spec.batching.max_queue)},
+        {"name": "SLIMSPEC_ADMIN_TOKEN_FILE", "value": f"{ADMIN_TOKEN_DIR}/token"},
+        {"name": "SLIMSPEC_RUNTIME_CONFIGMAP", "value": cm},
+        {"name": "SLIMSPEC_CACHE", "value": CACHE_DIR},
+        {
+            "name": "POD_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
+    ]
+    probe_get = {"port": "http", "scheme": "HTTP"}
+    container: Manifest = {
+        "name": "engine",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": _resources(svc),
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", **probe_get},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", **probe_get},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "lifecycle": {"preStop": {"exec": {"command": ["python", "-c", _PRESTOP]}}},
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
+            *model_mounts,
+        ],
+    }
+    pod_spec: Manifest = {
+        "serviceAccountName": engine_account_name(svc.name),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": ENGINE_UID,
+            "runAsGroup": ENGINE_UID,
+            "fsGroup": ENGINE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "cache", "emptyDir": {}},
+            {
+                "name": "admin-token",
+                "secret": {"secretName": admin_secret_name(svc.name), "defaultMode": 0o440},
+            },
+            *model_volumes,
+        ],
+    }
+    if inits:
+        pod_spec["initContainers"] = inits
+    return {
+        "metadata": {
+            "labels": {**common_labels(svc.name), VERSION_LABEL: spec.model.version},
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(ENGINE_PORT),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def template_hash(template: Manifest) -> str:
+    """Stable short hash of a pod template (canonical JSON, sha256, 10 hex digits)."""
+    canon = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:10]
+
+
+def desired_template_hash(svc: SlimSpecService) -> str:
+    return template_hash(pod_template(svc))
+
+
+# ---------------------------------------------------------------- objects
+
+
+def deployment(svc: SlimSpecService, replicas: int) -> Manifest:
+    template = pod_template(svc)
+    h = template_hash(template)
+    version = svc.spec.model.version
+    template["metadata"]["labels"][HASH_LABEL] = h
+    template["metadata"]["annotations"][HASH_LABEL] = h
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            **_meta(svc, deployment_name(svc.name, h), {VERSION_LABEL: version, HASH_LABEL: h}),
+            "annotations": {HASH_LABEL: h, VERSION_LABEL: version},
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {
+                "matchLabels": {NAME_LABEL: ENGINE_NAME, INSTANCE_LABEL: svc.name, HASH_LABEL: h}
+            },
+            # The template never changes inside one Deployment (its name carries
+            # the hash); this only matters when pods are replaced.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "revisionHistoryLimit": 1,
+            "template": template,
+        },
+    }
+
+
+def service(svc: SlimSpecService, serving_hash: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(svc, service_name(svc.name)),
+        "spec": {
+            "type": svc.spec.service.type,
+            "selector": {
+                NAME_LABEL: ENGINE_NAME,
+                INSTANCE_LABEL: svc.name,
+                HASH_LABEL: serving_hash,
+            },
+            "ports": [
+                {
+                    "name": "http",
+                    "port": svc.spec.service.port,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def runtime_configmap(svc: SlimSpecService) -> Manifest:
+    qc = svc.spec.quality_control
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(svc, configmap_name(svc.name)),
+        "data": {
+            "compression_ratio": format_ratio(ratio_in_force(svc)),
+            "quality_threshold": format_ratio(qc.threshold),
+            "fallback_strategy": qc.fallback_strategy,
+        },
+    }
+
+
+def format_ratio(value: float) -> str:
+    """Shortest decimal text for a ratio ("0.3", not "0.30000000000000004")."""
+    return repr(round(float(value), 6))
+
+
+def admin_secret(svc: SlimSpecService, token: str) -> Manifest:
+    """Bearer token for the engines' admin endpoints (preStop drain). Created once."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(svc, admin_secret_name(svc.name)),
+        "type": "Opaque",
+        "stringData": {"token": token},
+    }
+
+
+def service_account(svc: SlimSpecService) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(svc, engine_account_name(svc.name)),
+    }
+
+
+def role(svc: SlimSpecService) -> Manifest:
+    """Engines may read (and watch) their own runtime ConfigMap and nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(svc, engine_account_name(svc.name)),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [configmap_name(svc.name)],
+                "verbs": ["get", "list", "watch"],
+            }
+        ],
+    }
+
+
+def role_binding(svc: SlimSpecService) -> Manifest:
+    name = engine_account_name(svc.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(svc, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": svc.namespace}],
+    }

@@ -1,0 +1,269 @@
+"""Blue/green model rollout as a pure plan (after KubeAI's pod_plan.go).
+
+Input: the Deployments this resource owns, the template hash the Service
+selects, the hash of a rollout that already failed, and the clock. Output: the
+next actions plus what the status should say. Running the plan twice on the
+same state gives the same actions, so the caller can re-run it on every event
+and timer tick and after an operator restart (state lives in the cluster: the
+Deployments' hashes and creation times, the Service selector, the status).
+
+Order of a rollout from hash A (served) to B (desired):
+1. create Deployment B beside A, both at spec.replicas;
+2. when B has all replicas ready, point the Service at B (A still serving
+   until this moment, so the Service never selects zero ready pods);
+3. next round: delete A (its pods drain through their preStop hook);
+4. if B is not ready within rollout.readyTimeoutSeconds: delete B, keep A,
+   remember B's hash as failed (Degraded) and do not retry it until the spec
+   changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class ObservedDeployment:
+    name: str
+    template_hash: str
+    version: str
+    replicas: int  # spec.replicas
+    ready_replicas: int  # status.readyReplicas
+    created_at: datetime
+    current_replicas: int = 0  # status.replicas
+    generation: int = 1
+    observed_generation: int = 1
+
+    def ready_for(self, replicas: int) -> bool:
+        """All wanted replicas ready, judged on status the controller has caught up with."""
+        fresh = self.observed_generation >= self.generation
+        return fresh and self.ready_replicas >= replicas
+
+
+@dataclass(frozen=True)
+class Desired:
+    template_hash: str
+    version: str
+    replicas: int
+    ready_timeout_s: float
+
+
+@dataclass(frozen=True)
+class Observed:
+    deployments: tuple[ObservedDeployment, ...]
+    service_hash: str | None  # hash the Service selects; None when there is no Service
+    failed_hash: str | None  # a rollout that was rolled back (from status)
+    failed_version: str | None
+    now: datetime
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class ApplyDeployment:
+    """Create or update the desired Deployment (the caller builds the manifest)."""
+
+    replicas: int
+
+
+@dataclass(frozen=True)
+class ScaleDeployment:
+    name: str
+    replicas: int
+
+
+@dataclass(frozen=True)
+class SwitchService:
+    template_hash: str
+
+
+@dataclass(frozen=True)
+class DeleteDeployment:
+    name: str
+
+
+Action = ApplyDeployment | ScaleDeployment | SwitchService | DeleteDeployment
+
+
+@dataclass(frozen=True)
+class Cond:
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+    serving_hash: str | None = None
+    serving_version: str | None = None
+    rollout_version: str | None = None  # set while a new version is being brought up
+    failed_hash: str | None = None
+    failed_version: str | None = None
+    progressing: Cond = Cond(False, "Unknown", "")
+    degraded: Cond = Cond(False, "AsExpected", "")
+    events: list[Event] = field(default_factory=list)
+    done: bool = False  # nothing left to wait for
+
+
+def _age(d: ObservedDeployment, now: datetime) -> float:
+    return (now - d.created_at).total_seconds()
+
+
+def plan_rollout(desired: Desired, observed: Observed) -> Plan:
+    by_hash = {d.template_hash: d for d in observed.deployments}
+    new = by_hash.get(desired.template_hash)
+    serving = by_hash.get(observed.service_hash) if observed.service_hash else None
+    p = Plan(failed_hash=observed.failed_hash, failed_version=observed.failed_version)
+
+    if serving is None:
+        # Nothing served (first create, or the served Deployment vanished). Bridge
+        # with any other Deployment that has ready pods while the desired one starts.
+        bridges = sorted(
+            (
+                d
+                for d in observed.deployments
+                if d.template_hash != desired.template_hash
+                and d.template_hash != observed.failed_hash
+                and d.ready_replicas > 0
+            ),
+            key=lambda d: (-d.ready_replicas, d.name),
+        )
+        if bridges and not (new and new.ready_replicas > 0):
+            serving = bridges[0]
+            p.actions.append(SwitchService(serving.template_hash))
+
+    if serving is None or serving.template_hash == desired.template_hash:
+        return _steady(desired, observed, new, p)
+    if desired.template_hash == observed.failed_hash:
+        return _rolled_back(desired, observed, serving, p)
+    return _rolling(desired, observed, serving, new, p)
+
+
+def _delete_others(observed: Observed, keep: set[str], p: Plan) -> None:
+    for d in observed.deployments:
+        if d.template_hash not in keep:
+            p.actions.append(DeleteDeployment(d.name))
+
+
+def _steady(desired: Desired, observed: Observed, new: ObservedDeployment | None, p: Plan) -> Plan:
+    """The desired template is (or is about to be) the one served."""
+    p.actions.append(ApplyDeployment(desired.replicas))
+    if observed.service_hash != desired.template_hash:
+        p.actions.append(SwitchService(desired.template_hash))
+    olds = [d for d in observed.deployments if d.template_hash != desired.template_hash]
+    _delete_others(observed, {desired.template_hash}, p)
+    if olds and observed.service_hash == desired.template_hash:
+        p.events.append(
+            Event(
+                "Normal",
+                "RolloutComplete",
+                f"serving {desired.version}; removed {', '.join(d.name for d in olds)}",
+            )
+        )
+    p.serving_hash = desired.template_hash
+    p.serving_version = desired.version
+    p.failed_hash = p.failed_version = None
+    if new is None:
+        p.events.append(Event("Normal", "Creating", f"creating Deployment for {desired.version}"))
+        p.progressing = Cond(True, "Creating", f"creating Deployment for {desired.version}")
+        return p
+    ready = new.ready_for(desired.replicas)
+    msg = f"{new.ready_replicas}/{desired.replicas} replicas of {desired.version} ready"
+    if ready and not olds:
+        p.progressing = Cond(False, "RolloutComplete", msg)
+        p.done = True
+    elif _age(new, observed.now) > desired.ready_timeout_s and not ready:
+        # Nothing older to fall back to: keep trying, but say so.
+        p.progressing = Cond(False, "ProgressDeadlineExceeded", msg)
+        p.degraded = Cond(
+            True,
+            "NotReady",
+            f"{msg} after {desired.ready_timeout_s:.0f}s and no older version to serve",
+        )
+    else:
+        p.progressing = Cond(True, "WaitingForReady", msg)
+    return p
+
+
+def _rolled_back(
+    desired: Desired, observed: Observed, serving: ObservedDeployment, p: Plan
+) -> Plan:
+    """The desired template failed before; keep serving the old one until the spec changes."""
+    if serving.replicas != desired.replicas:
+        p.actions.append(ScaleDeployment(serving.name, desired.replicas))
+    _delete_others(observed, {serving.template_hash}, p)
+    p.serving_hash = serving.template_hash
+    p.serving_version = serving.version
+    p.progressing = Cond(
+        False, "RolledBack", f"rolled back to {serving.version}; change the spec to retry"
+    )
+    p.degraded = Cond(
+        True,
+        "RolloutFailed",
+        f"version {desired.version} did not become ready within "
+        f"{desired.ready_timeout_s:.0f}s; serving {serving.version}",
+    )
+    p.done = True
+    return p
+
+
+def _rolling(
+    desired: Desired,
+    observed: Observed,
+    serving: ObservedDeployment,
+    new: ObservedDeployment | None,
+    p: Plan,
+) -> Plan:
+    """Old template serving, new one coming up beside it."""
+    p.actions.append(ApplyDeployment(desired.replicas))
+    if serving.replicas != desired.replicas:
+        p.actions.append(ScaleDeployment(serving.name, desired.replicas))
+    # Intermediate versions (A -> B -> C before B finished) serve nothing: drop them.
+    _delete_others(observed, {serving.template_hash, desired.template_hash}, p)
+    p.serving_hash = serving.template_hash
+    p.serving_version = serving.version
+    p.rollout_version = desired.version
+    change = f"{serving.version} -> {desired.version}"
+    if new is None:
+        p.events.append(Event("Normal", "RolloutStarted", f"rolling out {change}"))
+        p.progressing = Cond(True, "RollingOut", f"{change}: creating Deployment")
+        return p
+    msg = f"{change}: {new.ready_replicas}/{desired.replicas} new replicas ready"
+    if new.ready_for(desired.replicas) and new.ready_replicas > 0:
+        p.actions.append(SwitchService(desired.template_hash))
+        p.serving_hash = desired.template_hash
+        p.serving_version = desired.version
+        p.events.append(Event("Normal", "TrafficSwitched", f"{change}: Service now selects new"))
+        p.progressing = Cond(True, "TrafficSwitched", msg)
+    elif new.ready_for(desired.replicas) and desired.replicas == 0:
+        p.actions.append(SwitchService(desired.template_hash))
+        p.serving_hash = desired.template_hash
+        p.serving_version = desired.version
+        p.progressing = Cond(True, "TrafficSwitched", msg + " (scaled to zero)")
+    elif _age(new, observed.now) > desired.ready_timeout_s:
+        p.actions = [a for a in p.actions if not isinstance(a, ApplyDeployment)]
+        p.actions.append(DeleteDeployment(new.name))
+        p.rollout_version = None
+        p.failed_hash = desired.template_hash
+        p.failed_version = desired.version
+        text = (
+            f"version {desired.version} did not become ready within "
+            f"{desired.ready_timeout_s:.0f}s; serving {serving.version}"
+        )
+        p.events.append(Event("Warning", "RolledBack", text))
+        p.progressing = Cond(False, "RolledBack", text)
+        p.degraded = Cond(True, "RolloutFailed", text)
+        p.done = True
+    else:
+        p.progressing = Cond(True, "RollingOut", msg)
+    return p

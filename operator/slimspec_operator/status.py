@@ -1,0 +1,87 @@
+"""Status the reconciler owns, computed from the plan and what it observed (pure).
+
+The tuner owns status.compression and the MetricsAvailable condition; this
+module never writes those, so the two writers do not fight (conditions is a
+map-list keyed by type, and the reconciler applies only its own entries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from .conditions import get_condition, set_condition
+from .manifests import selector_string
+from .rollout import Observed, Plan
+from .spec import SlimSpecService
+
+OWNED_CONDITIONS = ("Ready", "Progressing", "Degraded")
+
+
+def build_status(
+    svc: SlimSpecService, plan: Plan, observed: Observed, now: datetime
+) -> dict[str, Any]:
+    conditions: list[dict[str, Any]] = list(svc.status.get("conditions") or [])
+    gen = svc.metadata.generation
+    serving = next((d for d in observed.deployments if d.template_hash == plan.serving_hash), None)
+    ready = serving.ready_replicas if serving else 0
+    current = serving.current_replicas if serving else 0
+    want = svc.spec.replicas
+    if want == 0:
+        ready_c = (False, "ScaledToZero", "spec.replicas is 0")
+    elif serving is None or observed.service_hash != plan.serving_hash:
+        ready_c = (False, "NotServing", "no version is serving yet")
+    elif ready >= want:
+        ready_c = (True, "AllReplicasReady", f"{ready}/{want} replicas of {serving.version} ready")
+    elif ready > 0:
+        ready_c = (False, "PartiallyReady", f"{ready}/{want} replicas of {serving.version} ready")
+    else:
+        ready_c = (False, "NoReadyReplicas", f"0/{want} replicas of {serving.version} ready")
+    conditions = set_condition(conditions, "Ready", *ready_c, gen, now)
+    pc, dc = plan.progressing, plan.degraded
+    conditions = set_condition(
+        conditions, "Progressing", pc.status, pc.reason, pc.message, gen, now
+    )
+    conditions = set_condition(conditions, "Degraded", dc.status, dc.reason, dc.message, gen, now)
+
+    status: dict[str, Any] = {
+        "observedGeneration": gen,
+        "replicas": current,
+        "readyReplicas": ready,
+        "selector": selector_string(svc.name),
+        "conditions": [c for c in conditions if c["type"] in OWNED_CONDITIONS],
+    }
+    if plan.serving_version is not None:
+        status["servedVersion"] = plan.serving_version
+    if plan.serving_hash is not None:
+        status["templateHash"] = plan.serving_hash
+    if plan.rollout_version is not None:
+        status["rolloutVersion"] = plan.rollout_version
+    if plan.failed_hash is not None:
+        status["failedTemplateHash"] = plan.failed_hash
+        status["failedVersion"] = plan.failed_version
+    return status
+
+
+def compression_patch(svc: SlimSpecService, ratio: float, now_text: str) -> dict[str, Any] | None:
+    """status.compression seed the reconciler writes, or None when the tuner's value stands.
+
+    Tuning off: the ratio in force is the spec's, mirrored here for `kubectl get`.
+    Tuning on: only initialise when the tuner has not written anything yet.
+    """
+    current: Mapping[str, Any] = svc.status.get("compression") or {}
+    if svc.spec.tuning.enabled:
+        if current.get("ratio") is not None:
+            return None
+        reason = "Initial"
+    else:
+        if current.get("ratio") is not None and float(current["ratio"]) == ratio:
+            return None
+        reason = "Spec"
+    return {"ratio": ratio, "reason": reason, "lastChangeTime": now_text}
+
+
+def condition_changed(old: Mapping[str, Any], new: Mapping[str, Any], type: str) -> bool:
+    a, b = get_condition(old.get("conditions"), type), get_condition(new.get("conditions"), type)
+    return (a or {}).get("status") != (b or {}).get("status")

@@ -1,0 +1,162 @@
+from slimspec_operator import manifests as m
+from slimspec_operator.spec import SlimSpecService
+
+from .helpers import body
+
+
+def svc(**kw):
+    return SlimSpecService.from_body(body(**kw))
+
+
+def env_of(dep):
+    return {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_deployment_named_by_template_hash_with_contract_labels():
+    s = svc()
+    dep = m.deployment(s, replicas=2)
+    h = m.desired_template_hash(s)
+    assert dep["metadata"]["name"] == f"chat-{h}"
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels == {
+        "app.kubernetes.io/name": "slimspec-engine",
+        "app.kubernetes.io/instance": "chat",
+        "app.kubernetes.io/managed-by": "slimspec-operator",
+        "slimspec.io/model-version": "v1",
+        "slimspec.io/template-hash": h,
+    }
+    sel = dep["spec"]["selector"]["matchLabels"]
+    assert all(labels[k] == v for k, v in sel.items())
+    assert dep["spec"]["replicas"] == 2
+    owner = dep["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == "uid-1" and owner["controller"] is True
+    assert owner["kind"] == "SlimSpecService"
+
+
+def test_engine_container_contract():
+    dep = m.deployment(svc(), 1)
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["resources"]["limits"] == {"memory": "16Gi", "nvidia.com/gpu": "1"}
+    assert c["resources"]["requests"] == {"cpu": "2", "memory": "16Gi"}
+    sc = c["securityContext"]
+    assert sc["runAsUser"] == 10001 and sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["terminationGracePeriodSeconds"] >= 30
+    assert "/admin/drain" in c["lifecycle"]["preStop"]["exec"]["command"][-1]
+    env = env_of(dep)
+    assert env["MODEL_VERSION"]["value"] == "v1"
+    assert env["MODEL_PATH"]["value"] == "/models/model-pvc-0/qwen-1.5b"
+    assert env["DRAFT_MODEL_PATH"]["value"] == "/models/model-pvc-0/qwen-0.5b"
+    assert env["SLIMSPEC_RUNTIME_CONFIGMAP"]["value"] == "chat-runtime"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    ref = env["COMPRESSION_RATIO"]["valueFrom"]["configMapKeyRef"]
+    assert ref == {"name": "chat-runtime", "key": "compression_ratio"}
+    assert env["SLIMSPEC_DEVICE"]["value"] == "cuda"
+    assert env["SLIMSPEC_MAX_BATCH_SIZE"]["value"] == "8"
+    assert pod["serviceAccountName"] == "chat-engine"
+    # one volume for the shared claim, mounted read-only
+    pvcs = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert pvcs == [
+        {"name": "model-pvc-0", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+    ]
+
+
+def test_cpu_only_has_no_gpu_limit():
+    dep = m.deployment(svc(resources={"gpu": 0, "memory": "4Gi", "cpu": 1}), 1)
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert c["resources"]["requests"]["cpu"] == "1"
+    assert env_of(dep)["SLIMSPEC_DEVICE"]["value"] == "cpu"
+
+
+def test_huggingface_source_uses_fetch_init_container_and_cache():
+    model = {
+        "version": "v2",
+        "target": {"source": "huggingface", "huggingface": {"id": "Qwen/Q-1.5B"}},
+        "draft": {"source": "pvc", "pvc": {"claimName": "drafts"}},
+    }
+    dep = m.deployment(svc(model=model), 1)
+    pod = dep["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["slimspec", "fetch"]
+    assert init["args"] == [
+        "--hf",
+        "Qwen/Q-1.5B",
+        "--revision",
+        "main",
+        "--out",
+        "/models/cache/target",
+    ]
+    assert init["securityContext"]["runAsUser"] == 10001
+    assert {"name": "model-cache", "emptyDir": {}} in pod["volumes"]
+    env = env_of(dep)
+    assert env["MODEL_PATH"]["value"] == "/models/cache/target"
+    assert env["DRAFT_MODEL_PATH"]["value"] == "/models/model-pvc-0"
+
+
+def test_hash_changes_with_version_and_image_not_with_ratio_or_replicas():
+    base = m.desired_template_hash(svc())
+    assert m.desired_template_hash(svc()) == base  # stable
+    assert m.desired_template_hash(svc(replicas=7)) == base
+    assert m.desired_template_hash(svc(compression={"ratio": 0.45, "maxRatio": 0.5})) == base
+    assert m.desired_template_hash(svc(qualityControl={"threshold": 0.5})) == base
+    v2 = body()["spec"]["model"] | {"version": "v2"}
+    assert m.desired_template_hash(svc(model=v2)) != base
+    assert m.desired_template_hash(svc(image="x:2")) != base
+
+
+def test_service_selects_one_template_hash():
+    s = svc(service={"port": 80, "type": "NodePort"})
+    out = m.service(s, "abc")
+    assert out["metadata"]["name"] == "chat"
+    assert out["spec"]["selector"]["slimspec.io/template-hash"] == "abc"
+    assert out["spec"]["ports"][0] == {
+        "name": "http",
+        "port": 80,
+        "targetPort": "http",
+        "protocol": "TCP",
+    }
+    assert out["spec"]["type"] == "NodePort"
+
+
+def test_runtime_configmap_ratio_in_force():
+    cm = m.runtime_configmap(svc(compression={"ratio": 0.1}))
+    assert cm["metadata"]["name"] == "chat-runtime"
+    assert cm["data"] == {
+        "compression_ratio": "0.1",
+        "quality_threshold": "0.95",
+        "fallback_strategy": "auto",
+    }
+    tuned = body(tuning={"enabled": True})
+    tuned["status"] = {"compression": {"ratio": 0.42}}
+    assert m.runtime_configmap(SlimSpecService.from_body(tuned))["data"]["compression_ratio"] == (
+        "0.42"
+    )
+    tuned["status"] = {"compression": {"ratio": 0.9}}  # outside the spec's bounds: clamped
+    assert m.runtime_configmap(SlimSpecService.from_body(tuned))["data"]["compression_ratio"] == (
+        "0.5"
+    )
+
+
+def test_engine_role_reads_only_its_configmap():
+    s = svc()
+    role = m.role(s)
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["chat-runtime"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    rb = m.role_binding(s)
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "chat-engine", "namespace": "ml"}]
+    assert m.selector_string("chat") == (
+        "app.kubernetes.io/name=slimspec-engine,app.kubernetes.io/instance=chat"
+    )
