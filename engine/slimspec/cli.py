@@ -1,0 +1,172 @@
+"""`slimspec` command line: serve, fetch, calibrate.
+
+Flags win over environment variables (docs/contracts.md), which win over defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def read_admin_token(env: Mapping[str, str]) -> str | None:
+    """SLIMSPEC_ADMIN_TOKEN_FILE wins over SLIMSPEC_ADMIN_TOKEN; blank means none."""
+    path = env.get("SLIMSPEC_ADMIN_TOKEN_FILE")
+    if path:
+        token = Path(path).read_text(encoding="utf-8").strip()
+        return token or None
+    token = env.get("SLIMSPEC_ADMIN_TOKEN", "").strip()
+    return token or None
+
+
+def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    e = env.get
+    p = argparse.ArgumentParser(prog="slimspec serve", description="Serve a model over HTTP.")
+    p.add_argument(
+        "--target",
+        default=e("MODEL_PATH", DEFAULT_TARGET),
+        help="target model: registry name, HF directory or hub id (env MODEL_PATH)",
+    )
+    p.add_argument(
+        "--draft",
+        default=e("DRAFT_MODEL_PATH", DEFAULT_DRAFT),
+        help="draft model, or 'none' for target-only decoding (env DRAFT_MODEL_PATH)",
+    )
+    p.add_argument("--model-version", default=e("MODEL_VERSION", "unversioned"))
+    p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models")
+    p.add_argument(
+        "--dtype",
+        default=e("SLIMSPEC_DTYPE", "bfloat16"),
+        choices=["float32", "bfloat16", "float16"],
+    )
+    p.add_argument("--device", default=e("SLIMSPEC_DEVICE", "auto"))
+    p.add_argument("--host", default=e("HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=int(e("PORT", "8080")))
+    p.add_argument("--compression-ratio", type=float, default=float(e("COMPRESSION_RATIO", "0.3")))
+    p.add_argument("--quality-threshold", type=float, default=float(e("QUALITY_THRESHOLD", "0.95")))
+    p.add_argument(
+        "--fallback-strategy", default=e("FALLBACK_STRATEGY", "auto"), choices=["auto", "none"]
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=int(e("SLIMSPEC_MAX_BATCH_SIZE", "8")),
+        help="1..256; 1 = no batching",
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests waiting for a batch slot before 429"
+    )
+    p.add_argument("--batch-wait-ms", type=float, default=10.0)
+    p.add_argument(
+        "--max-new-tokens", type=int, default=1024, help="upper limit of max_length / max_tokens"
+    )
+    p.add_argument("--max-input-tokens", type=int, default=8192)
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument(
+        "--blocked-words",
+        default=e("SLIMSPEC_BLOCKED_WORDS", ""),
+        help="comma-separated words replaced by *** in outputs",
+    )
+    p.add_argument("--runtime-configmap", default=e("SLIMSPEC_RUNTIME_CONFIGMAP"))
+    p.add_argument("--namespace", default=e("POD_NAMESPACE"))
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--log-level", default=e("SLIMSPEC_LOG_LEVEL", "info"))
+    return p
+
+
+def _in_cluster_namespace() -> str | None:
+    f = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return f.read_text().strip() if f.exists() else None
+
+
+def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> ServerConfig
+    from slimspec.batching import SchedulerConfig
+    from slimspec.postprocess import FilterRules, parse_blocked_words
+    from slimspec.runtime_config import RuntimeSettings, validate_setting
+    from slimspec.server.app import ServerConfig
+    from slimspec.server.service import Limits, ModelRef
+
+    settings = RuntimeSettings(
+        compression_ratio=validate_setting("compression_ratio", args.compression_ratio),
+        quality_threshold=validate_setting("quality_threshold", args.quality_threshold),
+        fallback_strategy=validate_setting("fallback_strategy", args.fallback_strategy),
+    )
+    return ServerConfig(
+        model=ModelRef(
+            target=args.target,
+            draft=args.draft,
+            version=args.model_version,
+            dtype=args.dtype,
+            device=args.device,
+        ),
+        scheduler=SchedulerConfig(
+            max_batch_size=args.max_batch_size,
+            max_queue=args.max_queue,
+            batch_wait_s=args.batch_wait_ms / 1000,
+        ),
+        limits=Limits(
+            max_new_tokens=args.max_new_tokens,
+            max_input_tokens=args.max_input_tokens,
+            request_timeout_s=args.request_timeout,
+        ),
+        settings=settings,
+        filters=FilterRules(parse_blocked_words(args.blocked_words)),
+        admin_token=read_admin_token(env),
+        runtime_configmap=args.runtime_configmap or None,
+        namespace=args.namespace or _in_cluster_namespace(),
+        served_model_name=args.served_model_name,
+        warmup=not args.no_warmup,
+    )
+
+
+def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    parser = serve_parser(env)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        cfg = build_config(args, env)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    import uvicorn
+
+    from slimspec.server.app import create_app
+
+    uvicorn.run(
+        create_app(cfg),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: slimspec {serve,fetch,calibrate} [options]  (-h after a command for help)"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "serve":
+        return serve(rest)
+    if cmd == "fetch":
+        from slimspec import fetch
+
+        return int(fetch.main(rest) or 0)
+    if cmd == "calibrate":
+        from slimspec import calibrate  # type: ignore[attr-defined]
+
+        return int(calibrate.main(rest) or 0)
+    print(f"unknown command {cmd!r}\n{usage}", file=sys.stderr)
+    return 2

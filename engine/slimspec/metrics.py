@@ -1,0 +1,219 @@
+"""Prometheus metrics of one engine process; names are fixed by docs/contracts.md.
+
+Each app gets its own CollectorRegistry so several apps (tests, swap) never clash.
+Decoder statistics are cumulative on the decoder; `observe_engine` turns them into
+counter increments by diffing against the last values seen.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger(__name__)
+
+# 25 ms .. 10 s; dense between 50 ms and 5 s where the seed's alerts live.
+LATENCY_BUCKETS = (
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.125,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    3.0,
+    4.0,
+    5.0,
+    7.5,
+    10.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ACCEPT_WINDOW = 64  # verify steps' worth of history for the mean accepted length
+
+
+def stat_value(stats: Any, *names: str) -> float:
+    """First present numeric attribute/key of a stats object (decoders differ a little)."""
+    for n in names:
+        v = stats.get(n) if isinstance(stats, dict) else getattr(stats, n, None)
+        if isinstance(v, int | float):
+            return float(v)
+    return 0.0
+
+
+def fallback_counts(stats: Any) -> dict[str, float]:
+    """Fallbacks by reason; a plain number counts as reason 'quality'."""
+    v = stats.get("fallbacks") if isinstance(stats, dict) else getattr(stats, "fallbacks", None)
+    if isinstance(v, dict):
+        return {str(k): float(c) for k, c in v.items()}
+    if isinstance(v, int | float):
+        return {"quality": float(v)}
+    return {}
+
+
+class _GpuCollector:
+    """GPU utilisation and memory through NVML; only registered when a GPU is present."""
+
+    def __init__(self, pynvml: Any, count: int) -> None:
+        self._nvml = pynvml
+        self._count = count
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        util = GaugeMetricFamily(
+            "slimspec_gpu_utilization_ratio", "GPU utilisation, 0..1", labels=["gpu"]
+        )
+        mem = GaugeMetricFamily(
+            "slimspec_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"]
+        )
+        for i in range(self._count):
+            try:
+                h = self._nvml.nvmlDeviceGetHandleByIndex(i)
+                util.add_metric([str(i)], self._nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100)
+                mem.add_metric([str(i)], float(self._nvml.nvmlDeviceGetMemoryInfo(h).used))
+            except Exception:  # a GPU that vanished must not break /metrics
+                continue
+        yield util
+        yield mem
+
+
+def _gpu_collector() -> _GpuCollector | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception:
+        return None
+    return _GpuCollector(pynvml, count) if count > 0 else None
+
+
+class Metrics:
+    def __init__(self, enable_gpu: bool = True) -> None:
+        r = self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "slimspec_request_latency_seconds",
+            "End-to-end request latency",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "slimspec_time_to_first_token_seconds",
+            "Time to the first generated token",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "slimspec_requests_total", "Requests answered", ["endpoint", "code"], registry=r
+        )
+        self.generated = Counter("slimspec_generated_tokens_total", "Tokens generated", registry=r)
+        self.drafted = Counter("slimspec_draft_tokens_total", "Draft tokens proposed", registry=r)
+        self.accepted = Counter(
+            "slimspec_accepted_tokens_total", "Draft tokens accepted by the target", registry=r
+        )
+        self.verify_steps = Counter(
+            "slimspec_verify_steps_total", "Target verification passes", registry=r
+        )
+        self.mean_accepted = Gauge(
+            "slimspec_mean_accepted_length",
+            "Tokens emitted per verification over the recent window",
+            registry=r,
+        )
+        self.compression_ratio = Gauge(
+            "slimspec_compression_ratio", "Compression ratio in force", registry=r
+        )
+        self.quality_threshold = Gauge(
+            "slimspec_quality_threshold", "Quality threshold in force", registry=r
+        )
+        self.kept_ratio = Gauge(
+            "slimspec_acceptance_kept_ratio",
+            "Shadow check: compressed / full head agreement",
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "slimspec_fallbacks_total", "Quality fallbacks", ["reason"], registry=r
+        )
+        self.queue_depth = Gauge(
+            "slimspec_queue_depth", "Requests waiting for a batch slot", registry=r
+        )
+        self.batch_size = Histogram(
+            "slimspec_batch_size", "Requests per decode step", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.model_info = Info("slimspec_model", "Model being served", registry=r)
+        if enable_gpu and (gpu := _gpu_collector()) is not None:
+            r.register(gpu)  # type: ignore[arg-type]
+        self._last: dict[int, dict[str, float]] = {}
+        self._window: collections.deque[tuple[float, float]] = collections.deque()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def set_model(self, version: str, target: str, draft: str) -> None:
+        self.model_info.info({"version": version, "target": target, "draft": draft or "none"})
+
+    def set_settings(self, compression_ratio: float, quality_threshold: float) -> None:
+        self.compression_ratio.set(compression_ratio)
+        self.quality_threshold.set(quality_threshold)
+
+    def observe_step(self, engine: Any, batch_size: int) -> None:
+        """Called on the scheduler thread after each engine step."""
+        self.batch_size.observe(batch_size)
+        stats = getattr(engine, "stats", None)
+        if stats is None:
+            return
+        last = self._last.setdefault(id(engine), {})
+        deltas: dict[str, float] = {}
+        for key, names in {
+            "drafted": ("drafted", "draft_tokens"),
+            "accepted": ("accepted", "accepted_tokens"),
+            "verify_steps": ("verify_steps",),
+        }.items():
+            v = stat_value(stats, *names)
+            deltas[key] = max(0.0, v - last.get(key, 0.0))
+            last[key] = v
+        self.drafted.inc(deltas["drafted"])
+        self.accepted.inc(deltas["accepted"])
+        self.verify_steps.inc(deltas["verify_steps"])
+        if deltas["verify_steps"] > 0:
+            self._window.append((deltas["accepted"], deltas["verify_steps"]))
+            while sum(v for _, v in self._window) > ACCEPT_WINDOW and len(self._window) > 1:
+                self._window.popleft()
+            acc = sum(a for a, _ in self._window)
+            ver = sum(v for _, v in self._window)
+            self.mean_accepted.set((acc + ver) / ver)
+        for reason, count in fallback_counts(stats).items():
+            k = f"fallbacks:{reason}"
+            d = count - last.get(k, 0.0)
+            last[k] = count
+            if d > 0:
+                self.fallbacks.labels(reason=reason).inc(d)
+        kept = stat_value(stats, "kept_acceptance", "acceptance_kept_ratio", "kept_ratio")
+        if kept > 0:
+            self.kept_ratio.set(kept)
+        ratio = getattr(engine, "compression_ratio", None)
+        if isinstance(ratio, int | float):
+            self.compression_ratio.set(ratio)
+
+    def forget_engine(self, engine: Any) -> None:
+        self._last.pop(id(engine), None)

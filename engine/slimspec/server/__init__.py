@@ -1,0 +1,1 @@
+"""HTTP service of the engine: FastAPI app, schemas, protobuf bodies, routes."""

@@ -1,0 +1,179 @@
+"""Turning a prompt into text through the scheduler: shared by every generation route.
+
+`text_deltas` drives one request and yields text pieces as they become safe to
+show (stop sequences and blocked words are applied before anything leaves), then
+a final piece with the finish reason. Non-streaming routes just join the pieces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slimspec.batching import QueueFull
+from slimspec.postprocess import FilterRules, apply_filters, apply_stop, safe_emit_length
+from slimspec.server.errors import ApiError
+from slimspec.server.service import EngineService, Served, ServiceUnavailable
+from slimspec.types import SamplingParams
+
+
+@dataclass
+class GenParams:
+    max_new_tokens: int
+    sampling: SamplingParams
+    stops: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenState:
+    """What a finished (or running) generation produced, for responses and metrics."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    ttft_s: float | None = None
+    text: str = ""
+
+
+def check_max_tokens(n: int | None, default: int, limit: int, name: str) -> int:
+    n = default if n is None else n
+    if not 1 <= n <= limit:
+        raise ApiError(400, "invalid_request", f"{name} must be within 1..{limit}, got {n}")
+    return n
+
+
+def acquire(service: EngineService) -> Served:
+    try:
+        return service.served()
+    except ServiceUnavailable as exc:
+        raise ApiError(503, "unavailable", str(exc), retry_after=exc.retry_after_s) from None
+
+
+def tokenize(service: EngineService, served: Served, text: str, special: bool = True) -> list[int]:
+    lim = service.limits
+    if len(text) > lim.max_input_chars:
+        raise ApiError(
+            413,
+            "input_too_long",
+            f"input has {len(text)} characters; the limit is {lim.max_input_chars}",
+        )
+    ids = list(served.tokenizer.encode(text, add_special_tokens=special))
+    if not ids:
+        raise ApiError(400, "invalid_request", "input encodes to no tokens")
+    if len(ids) > lim.max_input_tokens:
+        raise ApiError(
+            413,
+            "input_too_long",
+            f"input has {len(ids)} tokens; the limit is {lim.max_input_tokens}",
+        )
+    return ids
+
+
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The tokenizer's chat template, or a plain transcript when it has none."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    lines = [f"{m['role']}: {m['content']}" for m in messages]
+    return "\n".join([*lines, "assistant:"])
+
+
+async def text_deltas(
+    service: EngineService,
+    served: Served,
+    prompt_ids: list[int],
+    params: GenParams,
+    state: GenState,
+    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+) -> AsyncIterator[str]:
+    """Yield output text pieces; state.finish_reason is set when the iterator ends.
+
+    Raises ApiError 429 when the queue is full, 503 when draining, 504 on deadline.
+    """
+    loop = asyncio.get_running_loop()
+    t0 = time.monotonic()
+    try:
+        served, handle = service.submit(
+            served, prompt_ids, params.max_new_tokens, params.sampling, loop
+        )
+    except QueueFull as exc:
+        raise ApiError(429, "overloaded", str(exc), retry_after=exc.retry_after_s) from None
+    except ServiceUnavailable as exc:
+        raise ApiError(503, "unavailable", str(exc), retry_after=exc.retry_after_s) from None
+    service.metrics.queue_depth.set(served.scheduler.queue_depth)
+    tok = served.tokenizer
+    filters: FilterRules = service.filters
+    ids: list[int] = []
+    emitted = 0
+    watcher = None
+    if is_disconnected is not None:
+
+        async def watch() -> None:
+            while not handle.finished:
+                if await is_disconnected():
+                    handle.cancel()
+                    return
+                await asyncio.sleep(0.2)
+
+        watcher = asyncio.create_task(watch())
+    try:
+        async for out in handle.outputs():
+            if out.new_token_ids and state.ttft_s is None:
+                state.ttft_s = time.monotonic() - t0
+            ids.extend(t for t in out.new_token_ids if t not in served.stop_ids)
+            state.completion_tokens += len(out.new_token_ids)
+            text = tok.decode(ids, skip_special_tokens=True)
+            cut, hit = apply_stop(text, params.stops)
+            if hit:
+                handle.cancel()  # no need to decode further
+                state.finish_reason = "stop"
+                piece = apply_filters(cut[emitted:], filters)
+                state.text += piece
+                if piece:
+                    yield piece
+                return
+            if out.finished:
+                reason = out.finish_reason or "length"
+                if reason == "timeout":
+                    raise ApiError(
+                        504,
+                        "timeout",
+                        "request exceeded its time limit "
+                        f"({service.limits.request_timeout_s:.0f} s)",
+                    )
+                state.finish_reason = reason
+                piece = apply_filters(text[emitted:], filters)
+            else:
+                n = safe_emit_length(text, params.stops, filters)
+                if n <= emitted:
+                    continue
+                piece = apply_filters(text[emitted:n], filters)
+                emitted = n
+            state.text += piece
+            if piece:
+                yield piece
+            if out.finished:
+                return
+    except RuntimeError as exc:  # engine failure, delivered by the scheduler
+        raise ApiError(500, "engine_error", str(exc)) from None
+    finally:
+        if not handle.finished:
+            handle.cancel()
+        if watcher is not None:
+            watcher.cancel()
+        service.metrics.generated.inc(state.completion_tokens)
+
+
+async def generate_text(
+    service: EngineService,
+    served: Served,
+    prompt_ids: list[int],
+    params: GenParams,
+    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+) -> GenState:
+    state = GenState(prompt_tokens=len(prompt_ids))
+    async for _ in text_deltas(service, served, prompt_ids, params, state, is_disconnected):
+        pass
+    return state

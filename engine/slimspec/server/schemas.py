@@ -1,0 +1,160 @@
+"""Request/response bodies. Unknown fields are rejected where the API is ours (/infer);
+the OpenAI routes ignore unknown fields the way the OpenAI API tolerates new ones,
+except a few that change semantics (n > 1, logprobs), which are refused."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOPS = 4
+
+
+def _encodable(v: str) -> str:
+    # JSON can carry lone surrogates ("\ud800"); they are not text and would break tokenizers.
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("string is not valid Unicode (lone surrogate)") from None
+    return v
+
+
+def _stops(v: str | list[str] | None) -> list[str]:
+    if v is None:
+        return []
+    items = [v] if isinstance(v, str) else v
+    if len(items) > MAX_STOPS:
+        raise ValueError(f"at most {MAX_STOPS} stop sequences")
+    for s in items:
+        if not s:
+            raise ValueError("stop sequences must not be empty")
+        _encodable(s)
+    return items
+
+
+class InferRequest(BaseModel):
+    """POST /infer. max_length = most NEW tokens to generate; output starts with the input."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input: Annotated[str, Field(min_length=1, description="prompt text")]
+    max_length: Annotated[int, Field(ge=1, description="most new tokens to generate")] = 50
+    temperature: Annotated[float, Field(ge=0.0, le=5.0)] = 0.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    stop: list[str] | str | None = None
+    include_input: bool = True
+    format: Literal["text", "json"] = "text"
+
+    @field_validator("input")
+    @classmethod
+    def _input_text(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("input must contain non-whitespace text")
+        return _encodable(v)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> list[str]:
+        return _stops(v)
+
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _int_ok(cls, v: Any) -> Any:  # strict mode would refuse 1 for a float field
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class InferResponse(BaseModel):
+    output: Any  # text, or the parsed JSON value with format="json"
+    latency_ms: float
+    compression_ratio: float
+    model_version: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+class _OpenAIBase(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    n: Annotated[int, Field(ge=1, le=1)] | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> list[str]:
+        return _stops(v)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        return None if v is None else v % 2**63  # OpenAI allows negative seeds
+
+
+class CompletionRequest(_OpenAIBase):
+    prompt: str | list[str]
+    echo: bool | None = False
+    logprobs: None = None  # not supported; any value is refused
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list):
+            if len(v) != 1:
+                raise ValueError("exactly one prompt per request is supported")
+            v = v[0]
+        if not v:
+            raise ValueError("prompt must not be empty")
+        return _encodable(v)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return _encodable(self.content)
+        parts = []
+        for p in self.content:
+            if p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise ValueError("only text content parts are supported")
+            parts.append(_encodable(p["text"]))
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_OpenAIBase):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    logprobs: Literal[False] | None = None
+
+
+class AdminSwapRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: Annotated[str, Field(min_length=1)]
+    draft: str | None = None  # None or "none": target-only
+    version: Annotated[str, Field(min_length=1, max_length=128)]
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    device: str | None = None
+    wait: bool = True  # False: answer 202 at once, swap in the background
+
+
+class AdminDrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
