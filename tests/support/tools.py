@@ -53,7 +53,7 @@ def cache_dir() -> Path:
     return Path(xdg) / "slimspec"
 
 
-def testbed_versions() -> dict[str, str]:
+def pinned_versions() -> dict[str, str]:
     """KEY=VALUE pairs of scripts/testbed/versions.sh."""
     out: dict[str, str] = {}
     for line in VERSIONS_FILE.read_text().splitlines():
@@ -71,7 +71,7 @@ def venv_bin() -> Path:
 def tool_path(name: str) -> Path:
     """Absolute path of a test bed binary, or ``pytest.fail`` saying how to get it."""
     if name in ("kube-apiserver", "kube-controller-manager"):
-        path = cache_dir() / "k8s" / testbed_versions()["K8S_VERSION"] / name
+        path = cache_dir() / "k8s" / pinned_versions()["K8S_VERSION"] / name
     elif name in ("etcd", "etcdctl"):
         path = venv_bin() / name
     else:
