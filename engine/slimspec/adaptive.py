@@ -1,0 +1,51 @@
+"""Adaptive number of draft tokens per request (pure decisions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per verification with k drafts and i.i.d. acceptance alpha."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def choose_k(
+    alpha: float,
+    draft_cost: float,
+    k_min: int = 1,
+    k_max: int = 8,
+    verify_cost_per_token: float = 0.0,
+) -> int:
+    """k maximising expected tokens per unit time.
+
+    Time of a step = k * draft_cost + 1 + k * verify_cost_per_token, in units of
+    a one-token target step (draft_cost = draft step / target step).
+    """
+    best_k, best = k_min, -1.0
+    for k in range(k_min, k_max + 1):
+        rate = expected_tokens(alpha, k) / (k * draft_cost + 1.0 + k * verify_cost_per_token)
+        if rate > best + 1e-12:
+            best_k, best = k, rate
+    return best_k
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Decayed counts of accepted vs rejected draft tokens -> per-token acceptance alpha."""
+
+    accepted: float = 2.0  # prior: alpha = 0.67 from 3 pseudo-observations
+    rejected: float = 1.0
+    decay: float = 0.9
+
+    def update(self, num_accepted: int, num_drafted: int) -> None:
+        rejected = 1.0 if num_accepted < num_drafted else 0.0
+        self.accepted = self.accepted * self.decay + num_accepted
+        self.rejected = self.rejected * self.decay + rejected
+
+    @property
+    def alpha(self) -> float:
+        # Truncated-geometric MLE: accepted / (accepted + rejections); capped below 1.
+        return min(0.98, self.accepted / max(1e-9, self.accepted + self.rejected))

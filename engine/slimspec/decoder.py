@@ -1,0 +1,764 @@
+"""The speculative loop: a batched, step-wise SpeculativeDecoder.
+
+Per step, for all active rows at once:
+  1. draft k tokens with the (compressed) draft head, one draft forward each;
+  2. verify them with one target forward over k+1 tokens;
+  3. keep the accepted prefix plus one target token (sampling.py decides);
+  4. roll back rejected cache slots by marking them holes (kv.py).
+
+Invariants per row: the target cache holds seq[:-1] (the last token is always
+the first input of the next verification); the draft cache holds seq[:draft_seen].
+Greedy output equals the target's own greedy decoding; sampled output follows the
+target's warped distribution exactly (q = what the draft sampled from, over the
+full vocabulary, zero outside the head's subset). Exactness tests run in fp32.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimspec import sampling as S
+from slimspec.adaptive import AcceptanceEstimate, choose_k
+from slimspec.artifact import CalibrationArtifact, find_artifact, load_artifact, quick_ranking
+from slimspec.head import DraftHead, HeadConfig, check_ratio, subset_size_for_ratio
+from slimspec.kv import BatchKV
+from slimspec.quality import (
+    REASON_QUALITY,
+    QualityMonitor,
+    check_strategy,
+    check_threshold,
+    fallback_decision,
+)
+from slimspec.stats import DecoderStats, record_request_verification
+from slimspec.types import (
+    GenerationRequest,
+    GenerationResult,
+    RequestStats,
+    SamplingParams,
+    StepOutput,
+)
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+RATIO_LADDER = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype or os.environ.get("SLIMSPEC_DTYPE", "bfloat16")
+    name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(
+        name, name
+    )
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[name]
+
+
+def parse_device(device: str | torch.device | None) -> torch.device:
+    name = str(device or os.environ.get("SLIMSPEC_DEVICE", "auto"))
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def check_vocab_size(vocab_size: int | None) -> int | None:
+    """vocab_size = upper bound on how many tokens the draft head scores (None = no bound)."""
+    if vocab_size is None:
+        return None
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(
+            "vocab_size is an upper bound on the draft's scored vocabulary and must be "
+            f"a positive int, got {vocab_size!r}"
+        )
+    return vocab_size
+
+
+def resolve_path(name_or_path: str) -> str:
+    """A local directory as is; a registry name through slimspec.models (if available)."""
+    p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        return str(p)
+    try:
+        from slimspec.models import resolve_model_path  # owned by the models engineer
+
+        return str(resolve_model_path(name_or_path))
+    except ImportError:
+        pass
+    raise FileNotFoundError(
+        f"model path {name_or_path!r} does not exist "
+        "(expected a local Hugging Face model directory)"
+    )
+
+
+def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
+    """(model, tokenizer) from a local directory or a registry name."""
+    try:
+        from slimspec.models import load_causal_lm
+
+        return load_causal_lm(name_or_path, dtype=dtype, device=device)
+    except ImportError:
+        pass
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_path(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def check_tokenizers(target_tok: Any, draft_tok: Any) -> None:
+    if target_tok is None or draft_tok is None:
+        return
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise ValueError(
+            "target and draft tokenizers differ: speculative decoding needs the same vocabulary"
+        )
+
+
+@dataclass
+class _Row:
+    req: GenerationRequest
+    seq: list[int]
+    n_prompt: int
+    draft_seen: int
+    stats: RequestStats = field(default_factory=RequestStats)
+    gen: torch.Generator | None = None
+    est: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+
+    @property
+    def output(self) -> list[int]:
+        return self.seq[self.n_prompt :]
+
+
+class SpeculativeDecoder:
+    """Exact speculative decoding with a compressed draft head.
+
+    Seed form: SpeculativeDecoder(small_model_path=..., compression_ratio=0.3, vocab_size=100000)
+    loads the draft from small_model_path and the target from MODEL_PATH (or the
+    registry default). vocab_size caps how many tokens the draft head scores.
+    """
+
+    def __init__(
+        self,
+        small_model_path: str | None = None,
+        compression_ratio: float = 0.3,
+        vocab_size: int | None = None,
+        *,
+        target_model_path: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        **options: Any,
+    ) -> None:
+        check_ratio(compression_ratio)
+        check_vocab_size(vocab_size)
+        dt, dev = parse_dtype(dtype), parse_device(device)
+        target_path = target_model_path or os.environ.get("MODEL_PATH") or DEFAULT_TARGET
+        draft_path = small_model_path or os.environ.get("DRAFT_MODEL_PATH") or DEFAULT_DRAFT
+        target, tok = load_model(target_path, dt, dev)
+        draft, dtok = load_model(draft_path, dt, dev)
+        check_tokenizers(tok, dtok)
+        calibration = options.pop("calibration", None)
+        if calibration is None:
+            try:
+                calibration = find_artifact(resolve_path(draft_path))
+            except FileNotFoundError:
+                calibration = None
+        self._setup(
+            target,
+            draft,
+            tok,
+            compression_ratio=compression_ratio,
+            vocab_size=vocab_size,
+            calibration=calibration,
+            names=(str(target_path), str(draft_path)),
+            **options,
+        )
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str | None = None,
+        draft: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        compression_ratio: float = 0.3,
+        num_draft_tokens: int | None = None,
+        **options: Any,
+    ) -> SpeculativeDecoder:
+        return cls(
+            small_model_path=draft,
+            compression_ratio=compression_ratio,
+            target_model_path=target,
+            dtype=dtype,
+            device=device,
+            num_draft_tokens=num_draft_tokens,
+            **options,
+        )
+
+    @classmethod
+    def from_models(
+        cls,
+        target_model: Any,
+        draft_model: Any,
+        tokenizer: Any = None,
+        *,
+        compression_ratio: float = 0.3,
+        num_draft_tokens: int | None = None,
+        **options: Any,
+    ) -> SpeculativeDecoder:
+        self = cls.__new__(cls)
+        self._setup(
+            target_model,
+            draft_model,
+            tokenizer,
+            compression_ratio=compression_ratio,
+            num_draft_tokens=num_draft_tokens,
+            **options,
+        )
+        return self
+
+    def _setup(
+        self,
+        target: Any,
+        draft: Any,
+        tokenizer: Any,
+        *,
+        compression_ratio: float = 0.3,
+        vocab_size: int | None = None,
+        num_draft_tokens: int | None = None,
+        max_draft_tokens: int = 8,
+        quality_threshold: float = 0.95,
+        fallback_strategy: str = "auto",
+        calibration: str | Path | CalibrationArtifact | None = None,
+        draft_quantization: str | None = None,
+        shadow_every: int = 8,
+        shadow_min_samples: int = 64,
+        shadow_window: int = 256,
+        names: tuple[str, str] = ("target", "draft"),
+    ) -> None:
+        check_ratio(compression_ratio)
+        self._vocab_cap = check_vocab_size(vocab_size)
+        if num_draft_tokens is not None and (
+            not isinstance(num_draft_tokens, int) or num_draft_tokens < 1
+        ):
+            raise ValueError(
+                "num_draft_tokens must be a positive int or None (adaptive), "
+                f"got {num_draft_tokens!r}"
+            )
+        self.target = target.eval()
+        self.draft = draft.eval()
+        self.tokenizer = tokenizer
+        self.names = names
+        self.device = self.target.get_output_embeddings().weight.device
+        self._target_base = (
+            self.target.get_decoder() if hasattr(self.target, "get_decoder") else self.target.model
+        )
+        self._target_head = self.target.get_output_embeddings()
+        self._softcap = getattr(
+            self.target.config.get_text_config(), "final_logit_softcapping", None
+        )
+        self.target_vocab = self._target_head.weight.shape[0]
+        draft_head = self.draft.get_output_embeddings()
+        draft_vocab = draft_head.weight.shape[0]
+        if draft_vocab > self.target_vocab:
+            raise ValueError(
+                f"draft head scores {draft_vocab} tokens but the target only has "
+                f"{self.target_vocab}: vocabularies differ"
+            )
+        if tokenizer is not None and len(tokenizer) > self.target_vocab:
+            raise ValueError(
+                f"tokenizer has {len(tokenizer)} tokens, more than the target's {self.target_vocab}"
+            )
+        art: CalibrationArtifact | None
+        art = load_artifact(calibration) if isinstance(calibration, (str, Path)) else calibration
+        if art is not None and art.vocab != draft_vocab:
+            raise ValueError(
+                f"calibration artifact ranks {art.vocab} tokens, the draft head has {draft_vocab}"
+            )
+        self.calibration = art
+        ranking = art.ranking if art is not None else quick_ranking(draft_vocab, tokenizer)
+        w = draft_head.weight.detach()
+        bias = getattr(draft_head, "bias", None)
+        self.head = DraftHead(
+            w,
+            ranking,
+            a=art.a if art is not None else None,
+            b=art.b if art is not None else None,
+            bias=bias.detach() if bias is not None else None,
+        )
+        self.draft_quantization = draft_quantization
+        if draft_quantization is not None:
+            from slimspec.draft_fast import quantize_draft
+
+            self.draft = quantize_draft(self.draft, draft_quantization)
+        self._draft_base = (
+            self.draft.get_decoder() if hasattr(self.draft, "get_decoder") else self.draft.model
+        )
+        self._max_positions = getattr(
+            self.target.config.get_text_config(), "max_position_embeddings", None
+        )
+
+        self._settings_lock = threading.Lock()
+        self._ratio = check_ratio(compression_ratio)
+        self._requested_ratio = self._ratio
+        self._threshold = check_threshold(quality_threshold)
+        self._strategy = check_strategy(fallback_strategy)
+        self._fixed_k = num_draft_tokens
+        self.max_draft_tokens = max(max_draft_tokens, num_draft_tokens or 1)
+        self.shadow_every = shadow_every
+        self.shadow_min_samples = shadow_min_samples
+        self.quality = QualityMonitor(shadow_window)
+        self.stats = DecoderStats()
+        self._cost_ratio = 0.3  # draft forward / target verify, EMA
+
+        self._step_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._pending: deque[GenerationRequest] = deque()
+        self._cancelled: set[str] = set()
+        self._rows: list[_Row] = []
+        self._kv_t = BatchKV(self.device)
+        self._kv_d = BatchKV(self.device)
+        self._results: dict[str, GenerationResult] = {}
+        self._step_count = 0
+
+    # ----------------------------------------------------------------- settings
+    @property
+    def compression_ratio(self) -> float:
+        """The ratio in force (may be below the requested one after a quality fallback)."""
+        return self._ratio
+
+    @property
+    def requested_compression_ratio(self) -> float:
+        return self._requested_ratio
+
+    def set_compression_ratio(self, ratio: float) -> None:
+        r = check_ratio(ratio)
+        with self._settings_lock:
+            self._ratio = self._requested_ratio = r
+        self.quality.reset()
+
+    @property
+    def quality_threshold(self) -> float:
+        return self._threshold
+
+    def set_quality_threshold(self, threshold: float) -> None:
+        t = check_threshold(threshold)
+        with self._settings_lock:
+            self._threshold = t
+
+    @property
+    def fallback_strategy(self) -> str:
+        return self._strategy
+
+    def set_fallback_strategy(self, strategy: str) -> None:
+        s = check_strategy(strategy)
+        with self._settings_lock:
+            self._strategy = s
+
+    @property
+    def num_draft_tokens(self) -> int | None:
+        return self._fixed_k
+
+    def set_num_draft_tokens(self, k: int | None) -> None:
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise ValueError(f"num_draft_tokens must be a positive int or None, got {k!r}")
+        with self._settings_lock:
+            self._fixed_k = k
+            if k is not None:
+                self.max_draft_tokens = max(self.max_draft_tokens, k)
+
+    def head_config(self, ratio: float | None = None) -> HeadConfig:
+        """The concrete head used at a ratio (the ratio in force by default)."""
+        r = self._ratio if ratio is None else check_ratio(ratio)
+        if r == 0.0:
+            cfg = HeadConfig(self.head.vocab, None)
+        elif self.calibration is not None:
+            cfg = self.calibration.config_for(r, self.head.hidden)
+        else:
+            cfg = HeadConfig(subset_size_for_ratio(r, self.head.vocab), None)
+        if self._vocab_cap is not None and cfg.subset_size > self._vocab_cap:
+            cfg = HeadConfig(self._vocab_cap, cfg.rank)
+        if not self.head.supports(cfg):
+            cfg = HeadConfig(min(cfg.subset_size, self.head.vocab), None)
+        return cfg
+
+    # ----------------------------------------------------------------- request API
+    def add_request(self, req: GenerationRequest) -> None:
+        if not req.prompt_ids:
+            raise ValueError(f"request {req.request_id}: empty prompt")
+        if req.max_new_tokens < 0:
+            raise ValueError(f"request {req.request_id}: max_new_tokens must be >= 0")
+        bad = [t for t in req.prompt_ids if not 0 <= t < self.target_vocab]
+        if bad:
+            raise ValueError(f"request {req.request_id}: token ids out of range: {bad[:5]}")
+        with self._queue_lock:
+            self._pending.append(req)
+
+    def cancel(self, request_id: str) -> None:
+        with self._queue_lock:
+            self._cancelled.add(request_id)
+
+    def has_work(self) -> bool:
+        with self._queue_lock:
+            return bool(self._rows or self._pending)
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._rows)
+
+    def pop_result(self, request_id: str) -> GenerationResult | None:
+        """The full result (with stats) of a finished request, once."""
+        return self._results.pop(request_id, None)
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        max_new_tokens: int = 64,
+        sampling: SamplingParams | None = None,
+        stop_token_ids: frozenset[int] | set[int] | list[int] | None = None,
+        request_id: str = "generate",
+    ) -> GenerationResult:
+        ids = self.encode(prompt)
+        stops = self._default_stops() if stop_token_ids is None else frozenset(stop_token_ids)
+        req = GenerationRequest(
+            request_id, ids, max_new_tokens, sampling or SamplingParams(), stops
+        )
+        return self.generate_batch([req])[0]
+
+    def generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
+        """Decode these requests together until all finish (not while step() runs elsewhere)."""
+        if self.has_work():
+            raise RuntimeError(
+                "generate/generate_batch need an idle decoder (requests are running via step())"
+            )
+        for r in reqs:
+            self.add_request(r)
+        while self.has_work():
+            self.step()
+        return [self._results.pop(r.request_id) for r in reqs]
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this decoder has no tokenizer: pass token ids")
+            return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        return list(prompt)
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise ValueError("this decoder has no tokenizer")
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _default_stops(self) -> frozenset[int]:
+        eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
+        return frozenset([eos]) if isinstance(eos, int) else frozenset()
+
+    def warmup(self, tokens: int = 8) -> None:
+        """Run a short generation so first requests do not pay one-off costs."""
+        if self.has_work():
+            return
+        prompt = [int(t) for t in self.head.ranking[:4].tolist()]
+        self.generate_batch(
+            [GenerationRequest("__warmup__", prompt, tokens, SamplingParams(), frozenset())]
+        )
+        self.generate_batch(
+            [
+                GenerationRequest(
+                    "__warmup2__", prompt, 4, SamplingParams(temperature=1.0, seed=0), frozenset()
+                )
+            ]
+        )
+        self.stats = DecoderStats()
+
+    # ----------------------------------------------------------------- the step
+    def step(self) -> list[StepOutput]:
+        with self._step_lock, torch.inference_mode():
+            outputs = self._admit_and_cancel()
+            if self._rows:
+                outputs.extend(self._speculate())
+            return outputs
+
+    def _admit_and_cancel(self) -> list[StepOutput]:
+        outputs: list[StepOutput] = []
+        with self._queue_lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            new = [r for r in self._pending if r.request_id not in cancelled]
+            dropped = [r for r in self._pending if r.request_id in cancelled]
+            self._pending.clear()
+        for r in dropped:
+            outputs.append(StepOutput(r.request_id, [], True, "cancelled"))
+            self._store_result(_Row(r, list(r.prompt_ids), len(r.prompt_ids), 0), "cancelled")
+        if cancelled:
+            keep = [i for i, row in enumerate(self._rows) if row.req.request_id not in cancelled]
+            for _i, row in enumerate(self._rows):
+                if row.req.request_id in cancelled:
+                    outputs.append(StepOutput(row.req.request_id, [], True, "cancelled"))
+                    self._store_result(row, "cancelled")
+            self._keep_rows(keep)
+        for req in new:
+            if req.max_new_tokens == 0:
+                outputs.append(StepOutput(req.request_id, [], True, "length"))
+                self._store_result(
+                    _Row(req, list(req.prompt_ids), len(req.prompt_ids), 0), "length"
+                )
+                continue
+            self._prefill(req)
+        return outputs
+
+    def _prefill(self, req: GenerationRequest) -> None:
+        t0 = time.perf_counter()
+        prompt = list(req.prompt_ids)
+        n = len(prompt) - 1
+        if n > 0:
+            ids, real = prompt[:-1], torch.ones(1, n, dtype=torch.bool, device=self.device)
+        else:  # one-token prompt: a single hole keeps the cache non-empty
+            ids, real = prompt[:1], torch.zeros(1, 1, dtype=torch.bool, device=self.device)
+        inp = torch.tensor([ids], device=self.device)
+        pos = torch.arange(len(ids), device=self.device).unsqueeze(0)
+        kv_t, kv_d = BatchKV(self.device), BatchKV(self.device)
+        self._forward(self._target_base, kv_t, inp, pos, real)
+        self._forward(self._draft_base, kv_d, inp, pos, real)
+        self._kv_t.append_rows(kv_t)
+        self._kv_d.append_rows(kv_d)
+        gen = None
+        if not req.sampling.greedy:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(
+                req.sampling.seed
+                if req.sampling.seed is not None
+                else int(torch.randint(0, 2**62, ()).item())
+            )
+        row = _Row(req, prompt, len(prompt), draft_seen=n, gen=gen)
+        row.stats.prefill_time_s = time.perf_counter() - t0
+        self.stats.prefill_time_s += row.stats.prefill_time_s
+        self._rows.append(row)
+
+    def _forward(
+        self, base: Any, kv: BatchKV, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor
+    ) -> torch.Tensor:
+        dtype = base.get_input_embeddings().weight.dtype
+        mask = kv.mask_for(real, dtype)
+        cache = kv.cache
+        if cache is None:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=base.config)
+        # The cache is updated in place (transformers >= 5 names the argument `cache`).
+        out = base(
+            input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True
+        )
+        kv.after_forward(cache, real)
+        return out.last_hidden_state
+
+    def _choose_k(self) -> int:
+        if self._fixed_k is not None:
+            return self._fixed_k
+        ks = [choose_k(r.est.alpha, self._cost_ratio, 1, self.max_draft_tokens) for r in self._rows]
+        return max(ks)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _speculate(self) -> list[StepOutput]:
+        rows = self._rows
+        b = len(rows)
+        dev = self.device
+        with self._settings_lock:
+            ratio, threshold, strategy = self._ratio, self._threshold, self._strategy
+            k = self._choose_k()
+        cfg = self.head_config(ratio)
+        subset_ids = self.head.token_ids(cfg)
+        self._step_count += 1
+        shadow = ratio > 0 and self.shadow_every > 0 and self._step_count % self.shadow_every == 0
+        all_greedy = all(r.req.sampling.greedy for r in rows)
+        temp, top_k, top_p = S.sampling_tensors([r.req.sampling for r in rows], dev)
+
+        # Context-length guard: shrink k so no row exceeds the target's positions.
+        if self._max_positions:
+            room = min(self._max_positions - len(r.seq) for r in rows)
+            k = max(1, min(k, room - 1))
+
+        # ---- draft phase
+        self._sync()
+        t0 = time.perf_counter()
+        pending = [r.seq[r.draft_seen :] for r in rows]
+        p_len = max(len(p) for p in pending)
+        ids = torch.zeros(b, p_len, dtype=torch.long)
+        pos = torch.zeros(b, p_len, dtype=torch.long)
+        real = torch.zeros(b, p_len, dtype=torch.bool)
+        for i, (r, toks) in enumerate(zip(rows, pending, strict=False)):
+            m = len(toks)
+            ids[i, p_len - m :] = torch.tensor(toks)
+            pos[i, :] = r.draft_seen
+            pos[i, p_len - m :] = torch.arange(r.draft_seen, r.draft_seen + m)
+            real[i, p_len - m :] = True
+        draft_len_before = self._kv_d.length
+        inp, inp_pos, inp_real = ids.to(dev), pos.to(dev), real.to(dev)
+        last_pos = torch.tensor([len(r.seq) - 1 for r in rows], device=dev)
+        drafts: list[torch.Tensor] = []
+        q_subs: list[torch.Tensor] = []
+        comp_argmax: list[torch.Tensor] = []
+        full_argmax: list[torch.Tensor] = []
+        for j in range(k):
+            hidden = self._forward(self._draft_base, self._kv_d, inp, inp_pos, inp_real)[:, -1]
+            logits = self.head.logits(hidden, cfg)
+            if all_greedy:
+                idx = logits.argmax(dim=-1)
+            else:
+                q = S.warp_probs(logits, temp, top_k, top_p)
+                u = self._uniforms(rows, 1)[:, 0]
+                idx = S.sample_from_probs(q, u)
+                q_subs.append(q)
+            tok = subset_ids[idx]
+            drafts.append(tok)
+            if shadow:
+                comp_argmax.append(subset_ids[logits.argmax(dim=-1)])
+                full_argmax.append(self.head.full_logits(hidden).argmax(dim=-1))
+            inp = tok.unsqueeze(1)
+            inp_pos = (last_pos + 1 + j).unsqueeze(1)
+            inp_real = torch.ones(b, 1, dtype=torch.bool, device=dev)
+        draft_tokens = torch.stack(drafts, dim=1)  # (B, k)
+        self._sync()
+        t1 = time.perf_counter()
+
+        # ---- verify phase
+        target_len_before = self._kv_t.length
+        v_ids = torch.cat(
+            [torch.tensor([r.seq[-1] for r in rows], device=dev).unsqueeze(1), draft_tokens], dim=1
+        )
+        v_pos = last_pos.unsqueeze(1) + torch.arange(k + 1, device=dev).unsqueeze(0)
+        v_real = torch.ones(b, k + 1, dtype=torch.bool, device=dev)
+        hidden = self._forward(self._target_base, self._kv_t, v_ids, v_pos, v_real)
+        t_logits = self._target_head(hidden)
+        if self._softcap:
+            t_logits = torch.tanh(t_logits / self._softcap) * self._softcap
+        if all_greedy:
+            t_argmax = t_logits.argmax(dim=-1)
+            num_acc, next_tok = S.verify_greedy(t_argmax, draft_tokens)
+        else:
+            p = S.warp_probs(t_logits, temp, top_k, top_p)
+            q_full = torch.zeros(b, k, self.target_vocab, dtype=torch.float32, device=dev)
+            for j, qs in enumerate(q_subs):
+                q_full[:, j].index_copy_(1, subset_ids, qs.float())
+            u = self._uniforms(rows, k + 1)
+            num_acc, next_tok = S.verify_rejection(p, q_full, draft_tokens, u[:, :k], u[:, k])
+            t_argmax = t_logits.argmax(dim=-1) if shadow else None
+        self._sync()
+        t2 = time.perf_counter()
+
+        # ---- roll back: target keeps x_last + accepted; draft keeps pending + accepted drafts
+        self._kv_t.invalidate_tail(target_len_before, num_acc + 1)
+        self._kv_d.invalidate_tail(draft_len_before + p_len, num_acc)
+        draft_s, target_s = t1 - t0, t2 - t1
+        self._update_timing(draft_s, target_s, k)
+        if shadow:
+            self._shadow(comp_argmax, full_argmax, t_argmax, k, threshold, strategy, ratio)
+
+        outputs: list[StepOutput] = []
+        keep: list[int] = []
+        acc_list, next_list, draft_list = num_acc.tolist(), next_tok.tolist(), draft_tokens.tolist()
+        for i, r in enumerate(rows):
+            a = acc_list[i]
+            old_len = len(r.seq)
+            r.draft_seen = old_len + min(a, k - 1)
+            emitted = [*draft_list[i][:a], next_list[i]]
+            record_request_verification(r.stats, k, a)
+            self.stats.record_verification(k, a)
+            r.est.update(a, k)
+            r.stats.draft_time_s += draft_s
+            r.stats.target_time_s += target_s
+            new_tokens, reason = self._append(r, emitted)
+            self.stats.generated_tokens += len(new_tokens)
+            finished = reason is not None
+            outputs.append(StepOutput(r.req.request_id, new_tokens, finished, reason))
+            if finished:
+                self._store_result(r, reason)
+            else:
+                keep.append(i)
+        self.stats.batch_steps += 1
+        self.stats.draft_time_s += draft_s
+        self.stats.target_time_s += target_s
+        self.stats.draft_forwards += k
+        self.stats.target_forwards += 1
+        if len(keep) != b:
+            self._keep_rows(keep)
+        self._kv_t.maybe_compact()
+        self._kv_d.maybe_compact()
+        return outputs
+
+    def _append(self, r: _Row, emitted: list[int]) -> tuple[list[int], str | None]:
+        out: list[int] = []
+        for t in emitted:
+            r.seq.append(t)
+            out.append(t)
+            if t in r.req.stop_token_ids:
+                return out, "stop"
+            if len(r.seq) - r.n_prompt >= r.req.max_new_tokens:
+                return out, "length"
+        if self._max_positions and len(r.seq) >= self._max_positions:
+            return out, "length"
+        return out, None
+
+    def _uniforms(self, rows: list[_Row], n: int) -> torch.Tensor:
+        u = torch.zeros(len(rows), n)
+        for i, r in enumerate(rows):
+            if r.gen is not None:
+                u[i] = torch.rand(n, generator=r.gen)
+        return u.to(self.device)
+
+    def _update_timing(self, draft_s: float, target_s: float, k: int) -> None:
+        if target_s > 0 and k > 0:
+            obs = (draft_s / k) / target_s
+            self._cost_ratio = 0.8 * self._cost_ratio + 0.2 * obs
+
+    def _shadow(
+        self,
+        comp: list[torch.Tensor],
+        full: list[torch.Tensor],
+        t_argmax: torch.Tensor | None,
+        k: int,
+        threshold: float,
+        strategy: str,
+        ratio: float,
+    ) -> None:
+        if t_argmax is None:
+            return
+        c = torch.stack(comp, dim=1) == t_argmax[:, :k]
+        f = torch.stack(full, dim=1) == t_argmax[:, :k]
+        for cm, fm in zip(c.flatten().tolist(), f.flatten().tolist(), strict=False):
+            self.quality.add(bool(cm), bool(fm))
+        kept = self.quality.kept
+        self.stats.kept_acceptance = kept
+        self.stats.shadow_samples = self.quality.total_samples
+        ladder = sorted(set([*RATIO_LADDER, ratio]))
+        new = fallback_decision(
+            kept, self.quality.samples, threshold, strategy, ratio, ladder, self.shadow_min_samples
+        )
+        if new is not None:
+            with self._settings_lock:
+                if self._ratio == ratio:  # a concurrent set_compression_ratio wins
+                    self._ratio = new
+            self.stats.record_fallback(REASON_QUALITY)
+            self.quality.reset()
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        self._rows = [self._rows[i] for i in keep]
+        self._kv_t.select_rows(keep)
+        self._kv_d.select_rows(keep)
+
+    def _store_result(self, r: _Row, reason: str) -> None:
+        self.stats.requests_finished += 1
+        self._results[r.req.request_id] = GenerationResult(
+            r.req.request_id, list(r.req.prompt_ids), list(r.output), reason, r.stats
+        )

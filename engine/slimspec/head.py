@@ -1,0 +1,159 @@
+"""The compressed draft head: a frequency-ranked vocabulary subset, optionally low-rank.
+
+A head configuration is (V', r): score only the V' most frequent tokens, with the
+full weight rows (r = None) or with a rank-r factorisation W[:V'] ~ B[:V', :r] A[:r].
+All tensors are precomputed once and ordered so that every configuration is a
+slice: switching the ratio at run time never reloads or refits anything.
+
+Cost (multiply-adds per scored hidden state): full head d*V, subset d*V',
+low-rank r*(d + V'). compression_ratio = 1 - cost / (d*V).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_COMPRESSION_RATIO = 0.95
+
+
+def check_ratio(ratio: float) -> float:
+    """Validate a compression ratio (0..0.95) and return it as float."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise ValueError(
+            f"compression_ratio must be a number in [0, {MAX_COMPRESSION_RATIO}], got {ratio!r}"
+        )
+    r = float(ratio)
+    if not (0.0 <= r <= MAX_COMPRESSION_RATIO):
+        raise ValueError(f"compression_ratio must be in [0, {MAX_COMPRESSION_RATIO}], got {r}")
+    return r
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """One concrete compressed head."""
+
+    subset_size: int  # V'
+    rank: int | None  # None = full-rank rows of the original head
+
+    def cost(self, hidden: int) -> int:
+        if self.rank is None:
+            return hidden * self.subset_size
+        return self.rank * (hidden + self.subset_size)
+
+    def ratio(self, hidden: int, vocab: int) -> float:
+        return 1.0 - self.cost(hidden) / float(hidden * vocab)
+
+
+def subset_size_for_ratio(ratio: float, vocab: int, min_size: int = 1) -> int:
+    """Largest full-rank subset whose cost stays within (1 - ratio) of the full head."""
+    return max(min_size, min(vocab, int((1.0 - check_ratio(ratio)) * vocab)))
+
+
+class DraftHead:
+    """Scores draft hidden states with a (compressed) head.
+
+    ranking: (V,) token ids, most frequent first (special tokens forced in front).
+    weight: (V, d) the draft's original LM head. Optional low-rank factors fitted
+    on the ranked rows: a (r_max, d) and b (V_lr, r_max), with b's row i for token
+    ranking[i].
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        ranking: torch.Tensor,
+        a: torch.Tensor | None = None,
+        b: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        self.vocab, self.hidden = weight.shape
+        if ranking.shape != (self.vocab,):
+            raise ValueError(
+                f"ranking must list all {self.vocab} token ids, got shape {tuple(ranking.shape)}"
+            )
+        self.full_weight = weight
+        self.full_bias = bias
+        self.ranking = ranking.to(device=weight.device, dtype=torch.long)
+        # Rows in ranked order, so a subset is a prefix slice (a view, no copy).
+        self.ranked_weight = weight.index_select(0, self.ranking).contiguous()
+        self.ranked_bias = bias.index_select(0, self.ranking) if bias is not None else None
+        self.a = (
+            a.to(device=weight.device, dtype=weight.dtype).contiguous() if a is not None else None
+        )
+        self.b = (
+            b.to(device=weight.device, dtype=weight.dtype).contiguous() if b is not None else None
+        )
+
+    @property
+    def max_rank(self) -> int:
+        return 0 if self.a is None else self.a.shape[0]
+
+    @property
+    def low_rank_rows(self) -> int:
+        return 0 if self.b is None else self.b.shape[0]
+
+    def supports(self, cfg: HeadConfig) -> bool:
+        if not (1 <= cfg.subset_size <= self.vocab):
+            return False
+        if cfg.rank is None:
+            return True
+        return cfg.rank <= self.max_rank and cfg.subset_size <= self.low_rank_rows
+
+    def token_ids(self, cfg: HeadConfig) -> torch.Tensor:
+        """Token ids scored by cfg, in the order of logits(...)'s last dimension."""
+        return self.ranking[: cfg.subset_size]
+
+    def logits(self, hidden: torch.Tensor, cfg: HeadConfig) -> torch.Tensor:
+        """(..., d) -> (..., V') logits over token_ids(cfg)."""
+        n = cfg.subset_size
+        if cfg.rank is None:
+            if n == self.vocab and self.ranked_bias is None:
+                out = hidden @ self.ranked_weight.T
+            else:
+                out = torch.nn.functional.linear(
+                    hidden,
+                    self.ranked_weight[:n],
+                    None if self.ranked_bias is None else self.ranked_bias[:n],
+                )
+            return out
+        assert self.a is not None and self.b is not None
+        r = cfg.rank
+        out = (hidden @ self.a[:r].T) @ self.b[:n, :r].T
+        if self.ranked_bias is not None:
+            out = out + self.ranked_bias[:n]
+        return out
+
+    def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of the original head over the full vocabulary (original token order)."""
+        return torch.nn.functional.linear(hidden, self.full_weight, self.full_bias)
+
+
+def fit_activation_aware(
+    weight: torch.Tensor,
+    hidden_states: torch.Tensor,
+    max_rank: int,
+    damp: float = 1e-4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Low-rank W ~ B A minimising E_h ||W h - B A h||^2 over calibration states.
+
+    With C = E[h h^T] = L L^T, the error is ||(W - BA) L||_F^2, whose optimum is
+    the truncated SVD of W L: W L ~ U_r S_r V_r^T, so B = U_r S_r, A = V_r^T L^-1.
+    Plain SVD of W ignores that hidden states occupy a few directions and loses
+    most of the agreement; this fit keeps it. Components are nested: the first r
+    rows of A / columns of B are the optimum for every r <= max_rank.
+    weight: (V, d); hidden_states: (N, d). Returns a (max_rank, d), b (V, max_rank).
+    """
+    w = weight.double()
+    h = hidden_states.double()
+    d = w.shape[1]
+    cov = h.T @ h / max(1, h.shape[0])
+    cov = cov + damp * cov.diagonal().mean().clamp_min(1e-12) * torch.eye(d, dtype=cov.dtype)
+    chol = torch.linalg.cholesky(cov)
+    u, s, vh = torch.linalg.svd(w @ chol, full_matrices=False)
+    r = min(max_rank, s.shape[0])
+    b = u[:, :r] * s[:r]
+    # A = V_r^T L^-1  <=>  A L = V_r^T  <=>  L^T A^T = V_r
+    a = torch.linalg.solve_triangular(chol.T, vh[:r].T, upper=True).T
+    return a.float(), b.float()

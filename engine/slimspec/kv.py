@@ -1,0 +1,183 @@
+"""A batched KV cache with holes, for ragged speculative decoding.
+
+One cache per model holds every row at a common length L. Each slot is valid
+(a real token of that row) or a hole (a rejected draft token, or padding). Holes
+are never attended to: every forward gets an explicit 4D additive mask built
+from `valid`, plus explicit position ids, so rolling back a rejection is just
+marking slots invalid -- no per-row crop. When holes pile up, compact() moves
+each row's valid slots to the right and drops the empty columns.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+def attention_mask_4d(
+    valid_old: torch.Tensor, new_real: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Additive mask (B, 1, q, L+q) for q new slots after L cached slots.
+
+    A new query sees the valid cached slots, the real new slots up to itself, and
+    always itself (so a padding query never has an empty row, which would give NaN).
+    """
+    b, q = new_real.shape
+    causal = torch.ones(q, q, dtype=torch.bool, device=new_real.device).tril()
+    new_part = causal.unsqueeze(0) & new_real.unsqueeze(1)  # (B, q, q): key j real and j <= i
+    new_part = new_part | torch.eye(q, dtype=torch.bool, device=new_real.device).unsqueeze(0)
+    old_part = valid_old.unsqueeze(1).expand(b, q, valid_old.shape[1])
+    allowed = torch.cat([old_part, new_part], dim=2).unsqueeze(1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=new_real.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+class BatchKV:
+    """A DynamicCache plus a (B, L) validity map. Rows are addressed by batch index."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = device
+        self.cache: DynamicCache | None = None
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def holes(self) -> torch.Tensor:
+        """(B,) number of hole slots per row."""
+        return (~self.valid).sum(dim=1)
+
+    def _layers(self) -> list[DynamicLayer]:
+        if self.cache is None:
+            return []
+        layers = self.cache.layers
+        for layer in layers:
+            if type(layer) is not DynamicLayer:
+                raise NotImplementedError(
+                    "only full-attention models are supported by the batched cache, "
+                    f"got {type(layer).__name__}"
+                )
+        return layers
+
+    def mask_for(self, new_real: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.cache is None:  # empty: start at the new batch size
+            self.valid = torch.zeros(new_real.shape[0], 0, dtype=torch.bool, device=new_real.device)
+        return attention_mask_4d(self.valid, new_real, dtype)
+
+    def after_forward(self, cache: DynamicCache, new_valid: torch.Tensor) -> None:
+        """Record the q slots a forward just appended; new_valid (B, q) says which are real."""
+        self.cache = cache
+        self.valid = torch.cat([self.valid, new_valid.to(torch.bool)], dim=1)
+        expected = self.length
+        for layer in self._layers():
+            if layer.keys.shape[-2] != expected:
+                raise RuntimeError(f"cache length {layer.keys.shape[-2]} != mask length {expected}")
+
+    def invalidate(self, slots: torch.Tensor) -> None:
+        """Mark slots invalid: slots (B, L) bool, True = roll back."""
+        self.valid &= ~slots
+
+    def invalidate_tail(self, start: int, keep: torch.Tensor) -> None:
+        """Columns from `start` on: row b keeps its first keep[b]; the rest become holes."""
+        n = self.length - start
+        cols = torch.arange(n, device=self.valid.device).unsqueeze(0)
+        drop = cols >= keep.unsqueeze(1)
+        self.valid[:, start:] &= ~drop
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only these batch rows (in this order)."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
+        self.valid = self.valid.index_select(0, idx)
+        for layer in self._layers():
+            layer.keys = layer.keys.index_select(0, idx)
+            layer.values = layer.values.index_select(0, idx)
+        if not rows:
+            self.cache = None
+            self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.valid.device)
+        self.trim_left()
+
+    def trim_left(self) -> None:
+        """Drop leading columns that are holes in every row."""
+        if self.length == 0 or self.batch_size == 0:
+            return
+        any_valid = self.valid.any(dim=0)
+        if bool(any_valid.all()):
+            return
+        nz = torch.nonzero(any_valid)
+        first = int(nz[0]) if nz.numel() else self.length
+        if first == 0:
+            return
+        self.valid = self.valid[:, first:]
+        for layer in self._layers():
+            layer.keys = layer.keys[:, :, first:]
+            layer.values = layer.values[:, :, first:]
+
+    def compact(self) -> None:
+        """Move each row's valid slots to the right end (order kept) and drop empty columns."""
+        if self.length == 0 or self.batch_size == 0:
+            return
+        counts = self.valid.sum(dim=1)
+        new_len = int(counts.max())
+        # Stable sort puts holes (0) before valid slots (1), keeping each group's order.
+        order = torch.sort(self.valid.int(), dim=1, stable=True).indices[:, self.length - new_len :]
+        self.valid = self.valid.gather(1, order)
+        for layer in self._layers():
+            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys.gather(2, idx)
+            idx_v = order[:, None, :, None].expand(
+                -1, layer.values.shape[1], -1, layer.values.shape[-1]
+            )
+            layer.values = layer.values.gather(2, idx_v)
+
+    def maybe_compact(self, min_holes: int = 16, fraction: float = 0.25) -> bool:
+        if self.length == 0:
+            return False
+        worst = int(self.holes().min())  # columns we can drop = holes of the fullest row
+        if worst >= max(min_holes, int(fraction * self.length)):
+            self.compact()
+            return True
+        return False
+
+    def append_rows(self, other: BatchKV) -> None:
+        """Add other's rows at the end of the batch, left-padding the shorter side with holes."""
+        if other.batch_size == 0:
+            return
+        if self.batch_size == 0:
+            self.cache, self.valid = other.cache, other.valid
+            return
+        length = max(self.length, other.length)
+        self._pad_left(length)
+        other._pad_left(length)
+        self.valid = torch.cat([self.valid, other.valid], dim=0)
+        mine, theirs = self._layers(), other._layers()
+        if len(mine) != len(theirs) or not mine:
+            raise RuntimeError(
+                "both caches must hold at least one slot (prefill pads empty prompts with a hole)"
+            )
+        for a, b in zip(mine, theirs, strict=False):
+            a.keys = torch.cat([a.keys, b.keys], dim=0)
+            a.values = torch.cat([a.values, b.values], dim=0)
+
+    def _pad_left(self, length: int) -> None:
+        pad = length - self.length
+        if pad <= 0:
+            return
+        self.valid = torch.cat(
+            [
+                torch.zeros(self.batch_size, pad, dtype=torch.bool, device=self.valid.device),
+                self.valid,
+            ],
+            dim=1,
+        )
+        for layer in self._layers():
+            k, v = layer.keys, layer.values
+            layer.keys = torch.cat([k.new_zeros(k.shape[0], k.shape[1], pad, k.shape[3]), k], dim=2)
+            layer.values = torch.cat(
+                [v.new_zeros(v.shape[0], v.shape[1], pad, v.shape[3]), v], dim=2
+            )

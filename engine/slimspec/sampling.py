@@ -1,0 +1,127 @@
+"""Pure sampling and verification decisions (no model, no state).
+
+Everything random takes its uniforms as an argument, so a decision is a pure
+function of (logits, params, uniforms): seeded runs reproduce, and tests can feed
+chosen uniforms. Verification follows Leviathan et al. 2023 / Chen et al. 2023:
+accept draft token d with probability min(1, p(d)/q(d)); at the first rejection
+sample from norm(max(p - q, 0)); if all k are accepted, sample a bonus from p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Shape conventions: B rows (requests), k draft positions, V vocabulary.
+
+
+def warp_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """Probabilities after temperature, top-k and top-p, per row.
+
+    logits: (B, ..., V); temperature/top_k/top_p: (B,). top_k <= 0 and top_p >= 1
+    mean off. Rows with temperature <= 0 get a one-hot on the argmax (greedy), so
+    the verification rule below reduces to exact greedy matching for them.
+    """
+    logits = logits.float()
+    b = logits.shape[0]
+    view = (b,) + (1,) * (logits.dim() - 1)
+    greedy = (temperature <= 0).view(view)
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    scaled = logits / t.view(view)
+    v = logits.shape[-1]
+    need_k = bool(((top_k > 0) & (top_k < v)).any())
+    need_p = bool((top_p < 1.0).any())
+    if need_k or need_p:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if need_k:
+            ranks = torch.arange(v, device=logits.device)
+            k_eff = torch.where(top_k > 0, top_k, torch.full_like(top_k, v)).view(view)
+            remove |= ranks >= k_eff
+        if need_p:
+            probs_sorted = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+            mass_before = torch.cumsum(probs_sorted, dim=-1) - probs_sorted
+            # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+            remove |= mass_before >= top_p.float().view(view)
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = torch.softmax(scaled, dim=-1)
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy, one_hot, probs)
+    return probs
+
+
+def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: probs (N, V) with u (N,) in [0, 1) -> indices (N,).
+
+    Zero-probability entries are never chosen (searchsorted over the CDF with
+    right=True skips flat steps).
+    """
+    cdf = torch.cumsum(probs.float(), dim=-1)
+    total = cdf[:, -1:]
+    target = (u.float().unsqueeze(-1) * total).clamp_max(total * (1 - 1e-7))
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return idx.clamp_max(probs.shape[-1] - 1)
+
+
+def verify_greedy(
+    target_argmax: torch.Tensor, draft_tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification.
+
+    target_argmax: (B, k+1) target's argmax after each prefix; draft_tokens: (B, k).
+    Returns (num_accepted (B,), next_token (B,)): the correction at the first
+    mismatch, or the bonus token when all k match.
+    """
+    k = draft_tokens.shape[1]
+    match = (target_argmax[:, :k] == draft_tokens).int()
+    num_accepted = torch.cumprod(match, dim=1).sum(dim=1)
+    next_token = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
+    return num_accepted, next_token
+
+
+def verify_rejection(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    u_accept: torch.Tensor,
+    u_sample: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact rejection-sampling verification.
+
+    p: (B, k+1, V) target probabilities (warped); q: (B, k, V) the distribution
+    each draft token was actually sampled from, over the full vocabulary (zero
+    outside a compressed head's subset); draft_tokens: (B, k); u_accept: (B, k);
+    u_sample: (B,). Returns (num_accepted (B,), next_token (B,)).
+    """
+    b, k = draft_tokens.shape
+    idx = draft_tokens.unsqueeze(-1)
+    p_d = p[:, :k].gather(-1, idx).squeeze(-1)
+    q_d = q.gather(-1, idx).squeeze(-1)
+    # u < p/q  <=>  u*q < p  (q_d > 0 because d was sampled from q)
+    accept = (u_accept * q_d < p_d).int()
+    num_accepted = torch.cumprod(accept, dim=1).sum(dim=1)
+    rows = torch.arange(b, device=p.device)
+    p_next = p[rows, num_accepted]
+    q_pad = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # position k: q = 0 -> sample from p
+    residual = (p_next - q_pad[rows, num_accepted]).clamp_min(0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    # p == q numerically (only reachable through rounding): fall back to p itself
+    dist = torch.where(mass > 1e-12, residual, p_next)
+    next_token = sample_from_probs(dist, u_sample)
+    return num_accepted, next_token
+
+
+def sampling_tensors(
+    params: list, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(temperature, top_k, top_p) tensors for a list of SamplingParams."""
+    temperature = torch.tensor([float(s.temperature) for s in params], device=device)
+    top_k = torch.tensor([int(s.top_k) for s in params], device=device, dtype=torch.long)
+    top_p = torch.tensor([float(s.top_p) for s in params], device=device)
+    return temperature, top_k, top_p
