@@ -13,12 +13,18 @@ BIN_DIR="$SLIMSPEC_CACHE/bin"
 K8S_DIR="$SLIMSPEC_CACHE/k8s/$K8S_VERSION"
 mkdir -p "$BIN_DIR"
 
+# Several checkouts may share one cache: one install at a time.
+exec 9>"$SLIMSPEC_CACHE/.testbed-install.lock"
+flock 9
+
 # Go's module and build caches live in our cache too, so CI can cache one dir
 # and a rebuild after a cache wipe of ~/.cache/go-build is not needed.
 export GOMODCACHE="$SLIMSPEC_CACHE/go/mod"
 export GOCACHE="$SLIMSPEC_CACHE/go/build"
 export GOFLAGS="-modcacherw -buildvcs=false"
-export GOTOOLCHAIN="${SLIMSPEC_GOTOOLCHAIN:-local}"
+# auto: use the local Go when it satisfies the module's go line, else fetch
+# that toolchain through the module proxy.
+export GOTOOLCHAIN="${SLIMSPEC_GOTOOLCHAIN:-auto}"
 export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
 export CGO_ENABLED=0
 
@@ -51,6 +57,10 @@ write_k8s_module() {
 
 build_k8s() {
   if k8s_ok; then echo "cached: $K8S_DIR"; return 0; fi
+  if ! command -v go >/dev/null 2>&1; then
+    echo "go not found: building kube-apiserver needs Go >= $K8S_GO_DIRECTIVE on PATH" >&2
+    return 1
+  fi
   local src="$SLIMSPEC_CACHE/k8s/src-$K8S_VERSION" out minor
   rm -rf "$src"
   write_k8s_module "$src"

@@ -90,9 +90,12 @@ SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
 def _die_with_parent() -> None:
-    """Child pre-exec: get SIGTERM if pytest dies, so no control plane outlives it."""
+    """Child pre-exec: SIGKILL when pytest dies, so no control plane outlives it.
+
+    Not SIGTERM: kube-apiserver can hang in graceful shutdown once etcd is gone.
+    """
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -318,6 +321,12 @@ class KubeCluster:
             self.reaper.stop()
         for comp in reversed(self.components):
             comp.stop()
+
+    def check_alive(self) -> None:
+        """pytest.fail with the logs if a control plane process has died."""
+        dead = [c.name for c in self.components if not c.alive()]
+        if dead:
+            pytest.fail(f"test cluster component(s) died: {dead}\n{self.logs()}", pytrace=False)
 
     def logs(self) -> str:
         return "\n".join(f"--- {c.name} ---\n{c.log_tail()}" for c in self.components)
@@ -728,6 +737,7 @@ def kube_cluster() -> Iterator[KubeCluster]:
 
 @pytest.fixture
 def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    kube_cluster.check_alive()
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = kube_cluster.create_namespace(f"{base or 't'}-{uuid.uuid4().hex[:5]}")
     yield name
