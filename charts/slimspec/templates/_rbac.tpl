@@ -24,6 +24,11 @@
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The engines' admin bearer token (preStop drain): created once per
+# SlimSpecService. No list/watch: the operator never reads other Secrets in bulk.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
 # Pod readiness during rollouts (read only).
 - apiGroups: [""]
   resources: ["pods"]
