@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .conditions import get_condition, set_condition
+from .conditions import set_condition
 from .manifests import selector_string
 from .rollout import Observed, Plan
 from .spec import SlimSpecService
@@ -30,7 +30,7 @@ def build_status(
     want = svc.spec.replicas
     if want == 0:
         ready_c = (False, "ScaledToZero", "spec.replicas is 0")
-    elif serving is None or observed.service_hash != plan.serving_hash:
+    elif serving is None:
         ready_c = (False, "NotServing", "no version is serving yet")
     elif ready >= want:
         ready_c = (True, "AllReplicasReady", f"{ready}/{want} replicas of {serving.version} ready")
@@ -80,8 +80,3 @@ def compression_patch(svc: SlimSpecService, ratio: float, now_text: str) -> dict
             return None
         reason = "Spec"
     return {"ratio": ratio, "reason": reason, "lastChangeTime": now_text}
-
-
-def condition_changed(old: Mapping[str, Any], new: Mapping[str, Any], type: str) -> bool:
-    a, b = get_condition(old.get("conditions"), type), get_condition(new.get("conditions"), type)
-    return (a or {}).get("status") != (b or {}).get("status")

@@ -1,0 +1,113 @@
+"""Kopf glue: every trigger runs the same level-based reconcile.
+
+Triggers: create/update/resume of a SlimSpecService, a timer (deadlines and
+drift), and changes of the Deployments it owns (readiness moves a rollout on
+without waiting for the timer). Nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from .kube import ApiError, Kube
+from .manifests import MANAGED_BY_LABEL, MANAGER
+from .metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
+from .reconcile import reconcile
+from .spec import GROUP, KIND, PLURAL, VERSION
+
+RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
+
+_kube: Kube | None = None
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def kube() -> Kube:
+    global _kube
+    if _kube is None:
+        _kube = Kube()
+    return _kube
+
+
+def _lock(uid: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(uid, threading.Lock())
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter) -> None:
+    """Reconcile one resource; one at a time per resource (timers and watches overlap)."""
+    uid = body["metadata"].get("uid", "")
+    with _lock(uid):
+        t0 = time.monotonic()
+        try:
+            # Re-read: the body a handler got may be older than the last status write.
+            fresh = kube().get(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
+            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                return
+
+            def emit(type_: str, reason: str, message: str) -> None:
+                logger.info(f"{reason}: {message}")
+                kopf.event(fresh, type=type_, reason=reason, message=message)
+
+            reconcile(kube(), fresh, now(), emit)
+            RECONCILE_TOTAL.labels("ok").inc()
+        except ApiError as e:
+            RECONCILE_TOTAL.labels("error").inc()
+            raise kopf.TemporaryError(f"API error {e}", delay=2) from e
+        except Exception:
+            RECONCILE_TOTAL.labels("error").inc()
+            raise
+        finally:
+            RECONCILE_SECONDS.observe(time.monotonic() - t0)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Keep Kopf's bookkeeping in annotations: status belongs to the API shape.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING  # only our own events at INFO
+    settings.execution.max_workers = int(os.environ.get("SLIMSPEC_MAX_WORKERS", "8"))
+    settings.watching.server_timeout = 300
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def on_change(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    run(body, logger)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL_S, initial_delay=1)
+def on_timer(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    run(body, logger)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGER})
+def on_deployment(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    owner = next(
+        (
+            ref
+            for ref in body.get("metadata", {}).get("ownerReferences") or []
+            if ref.get("kind") == KIND and ref.get("controller")
+        ),
+        None,
+    )
+    if owner is None:
+        return
+    ns = body["metadata"]["namespace"]
+    run({"metadata": {"name": owner["name"], "namespace": ns, "uid": owner["uid"]}}, logger)

@@ -1,0 +1,178 @@
+"""Thin Kubernetes I/O: server-side apply, get, list, delete on plain dicts.
+
+All decisions live in the pure modules; this file only talks to the API server.
+Writes use server-side apply with one field manager, so re-applying the same
+manifest is a no-op and fields other managers own (HPA, tuner) are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client, config
+
+from .conditions import parse_time
+from .manifests import HASH_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, VERSION_LABEL
+from .rollout import ObservedDeployment
+from .spec import GROUP, PLURAL, VERSION
+
+FIELD_MANAGER = "slimspec-operator"
+
+# kind -> (API prefix, plural); everything the operator writes is namespaced.
+_PATHS: dict[str, tuple[str, str]] = {
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "Service": ("/api/v1", "services"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "SlimSpecService": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        self.status = status
+        self.body = body
+        try:
+            self.message = json.loads(body).get("message", body)
+        except ValueError:
+            self.message = body
+        super().__init__(f"{status}: {self.message}")
+
+
+def load_config() -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def _path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    prefix, plural = _PATHS[kind]
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    if name:
+        path += f"/{name}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient | None = None, timeout: float = 30) -> None:
+        self.api = api or load_config()
+        self.timeout = timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        params = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(*params, _request_timeout=self.timeout)
+        resp.read()
+        text = (resp.data or b"").decode()
+        if not 200 <= resp.status <= 299:
+            raise ApiError(resp.status, text)
+        return json.loads(text) if text else {}
+
+    # ------------------------------------------------------------ generic verbs
+
+    def apply(self, manifest: Mapping[str, Any], subresource: str | None = None) -> dict:
+        meta = manifest["metadata"]
+        path = _path(manifest["kind"], meta["namespace"], meta["name"], subresource)
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        return self.request("PATCH", path, dict(manifest), query, "application/apply-patch+yaml")
+
+    def merge_patch(
+        self, kind: str, namespace: str, name: str, patch: Any, subresource: str | None = None
+    ) -> dict:
+        path = _path(kind, namespace, name, subresource)
+        query = [("fieldManager", FIELD_MANAGER)]
+        return self.request("PATCH", path, patch, query, "application/merge-patch+json")
+
+    def create(self, manifest: Mapping[str, Any]) -> dict | None:
+        """Create; None when it already exists (create-once objects such as the admin Secret)."""
+        meta = manifest["metadata"]
+        try:
+            return self.request("POST", _path(manifest["kind"], meta["namespace"]), manifest)
+        except ApiError as e:
+            if e.status == 409:
+                return None
+            raise
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            return self.request("GET", _path(kind, namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
+        out = self.request("GET", _path(kind, namespace), query=[("labelSelector", selector)])
+        return list(out.get("items") or [])
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete in the background (the GC removes ReplicaSets and pods); False if absent."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        try:
+            self.request("DELETE", _path(kind, namespace, name), body)
+            return True
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+
+    # ------------------------------------------------------------ domain reads
+
+    def owned_deployments(self, namespace: str, name: str, uid: str) -> list[dict]:
+        selector = f"{INSTANCE_LABEL}={name},{MANAGED_BY_LABEL}={MANAGER}"
+        return [
+            d
+            for d in self.list("Deployment", namespace, selector)
+            if any(
+                ref.get("uid") == uid and ref.get("controller")
+                for ref in d["metadata"].get("ownerReferences") or []
+            )
+        ]
+
+
+def observe_deployment(d: Mapping[str, Any]) -> ObservedDeployment:
+    meta, spec, status = d["metadata"], d.get("spec") or {}, d.get("status") or {}
+    labels = meta.get("labels") or {}
+    created = meta.get("creationTimestamp")
+    return ObservedDeployment(
+        name=meta["name"],
+        template_hash=labels.get(HASH_LABEL, ""),
+        version=labels.get(VERSION_LABEL, ""),
+        replicas=int(spec.get("replicas", 1)),
+        ready_replicas=int(status.get("readyReplicas") or 0),
+        current_replicas=int(status.get("replicas") or 0),
+        created_at=parse_time(created) if created else datetime.now().astimezone(),
+        generation=int(meta.get("generation") or 0),
+        observed_generation=int(status.get("observedGeneration") or 0),
+    )
+
+
+def service_hash(service: Mapping[str, Any] | None) -> str | None:
+    if not service:
+        return None
+    return ((service.get("spec") or {}).get("selector") or {}).get(HASH_LABEL)
