@@ -15,6 +15,7 @@ Fixtures (all fail, never skip, when binaries are missing)
     - ``.api_client(token=None)``: a new ``kubernetes.client.ApiClient`` (admin, or
       the given bearer token); close it or use it as a context manager.
     - ``.kubectl(*args, check=True, input=None)``: ``CompletedProcess`` (text).
+    - ``.apply(yaml_text | dict | list_of_dicts, namespace="")``: ``kubectl apply``.
     - ``.create_namespace(name=None)`` -> name (waits for its ``default``
       ServiceAccount, so pods can be created right away); ``.delete_namespace(name)``.
     - ``.service_account_token(ns, sa, create=True)`` -> token (TokenRequest API);
@@ -236,8 +237,23 @@ class KubeCluster:
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        argv = [tool_path("kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        argv: list[str | os.PathLike[str]] = [
+            tool_path("kubectl"),
+            f"--kubeconfig={self.kubeconfig}",
+            *args,
+        ]
         return run_checked(argv, env=self.env, check=check, input=input, timeout=timeout)
+
+    def apply(
+        self, manifests: str | dict[str, Any] | list[dict[str, Any]], namespace: str = ""
+    ) -> str:
+        """kubectl apply of YAML text or manifest dicts; returns kubectl's output."""
+        if isinstance(manifests, str):
+            text = manifests
+        else:
+            text = yaml.safe_dump_all(manifests if isinstance(manifests, list) else [manifests])
+        ns_args = ["-n", namespace] if namespace else []
+        return self.kubectl("apply", *ns_args, "-f", "-", input=text).stdout
 
     def wait_for(self, fn: Callable[[], T], timeout: float = 30, what: str = "condition") -> T:
         return _poll(fn, timeout, what, interval=0.2)
@@ -585,6 +601,7 @@ class PodDriver:
         now = datetime.now(UTC).isoformat()
         flag = "True" if ready else "False"
         ip = (pod.status.pod_ip if pod.status else None) or self._next_ip()
+        started = pod.status.start_time if pod.status else None
         containers = [
             {
                 "name": c.name,
@@ -610,7 +627,7 @@ class PodDriver:
                 "hostIP": "127.0.0.1",
                 "podIP": ip,
                 "podIPs": [{"ip": ip}],
-                "startTime": (pod.status.start_time.isoformat() if pod.status.start_time else now),
+                "startTime": started.isoformat() if started else now,
                 "conditions": [
                     {"type": t, "status": s, "lastTransitionTime": now} for t, s in conds
                 ],
@@ -711,9 +728,37 @@ class Reaper:
 # ------------------------------------------------------------------ fixtures
 
 
+WORKDIR_PREFIX = "slimspec-kube-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_workdirs() -> None:
+    """Delete temp dirs of earlier runs whose owner died (etcd preallocates 64 MB each)."""
+    if os.environ.get("SLIMSPEC_TESTBED_KEEP") == "1":
+        return
+    for old in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            owner = int((old / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being created
+        if not _pid_alive(owner):
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def _workdir() -> Path:
-    # Short path: unix socket names and logs stay readable.
-    return Path(tempfile.mkdtemp(prefix="slimspec-kube-"))
+    _remove_stale_workdirs()
+    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+    (workdir / "owner.pid").write_text(str(os.getpid()))
+    return workdir
 
 
 @contextlib.contextmanager

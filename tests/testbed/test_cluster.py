@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from tests.support import cluster as cluster_mod
 from tests.support.cluster import KubeCluster, PodDriver
 from tests.support.tools import pinned_versions
 
@@ -58,6 +64,23 @@ def test_server_is_the_pinned_kubernetes_build(kube_cluster: KubeCluster) -> Non
 def test_kubectl_uses_cluster_env(kube_cluster: KubeCluster, namespace: str) -> None:
     out = kube_cluster.kubectl("get", "namespace", namespace, "-o", "name").stdout
     assert out.strip() == f"namespace/{namespace}"
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "v"}}
+    assert "configmap/c created" in kube_cluster.apply(cm, namespace)
+    got = kube_cluster.kubectl("get", "cm", "c", "-n", namespace, "-o", "jsonpath={.data.k}")
+    assert got.stdout == "v"
+
+
+def test_stale_workdirs_of_dead_runs_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = Path(tempfile.mkdtemp(prefix=cluster_mod.WORKDIR_PREFIX))
+    (stale / "owner.pid").write_text(str(dead.pid))
+    live = Path(tempfile.mkdtemp(prefix=cluster_mod.WORKDIR_PREFIX))
+    (live / "owner.pid").write_text(str(os.getpid()))
+    cluster_mod._remove_stale_workdirs()
+    assert not stale.exists()
+    assert live.exists()
+    shutil.rmtree(live)
 
 
 def _widget(name: str, ratio: object) -> dict[str, Any]:
