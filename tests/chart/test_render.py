@@ -36,6 +36,8 @@ def test_default_render_is_the_operator_and_its_rbac(rendered_variants: dict) ->
             "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
+            "NetworkPolicy",  # operator ingress
+            "NetworkPolicy",  # helm test pod
             "Pod",  # the helm test hook
             "Service",
             "ServiceAccount",
