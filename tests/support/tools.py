@@ -11,6 +11,7 @@ Fixtures
     runs it with the cluster's kubeconfig and returns ``CompletedProcess`` (text;
     raises ``subprocess.CalledProcessError`` with stderr in the message on failure
     unless ``check=False``).
+``helm_local`` (function scope, no cluster): the same for ``lint``/``template``.
 ``promtool`` (session): ``Path`` to promtool.
 ``prometheus_server`` (function): factory ``start(targets, *, scrape_interval="1s",
     rule_files=(), extra_config=None) -> PrometheusServer``. The server runs on a
@@ -131,17 +132,29 @@ class Helm:
         return run_checked([self.path, *args], env=self.env, check=check, timeout=timeout)
 
 
-@pytest.fixture
-def helm(kube_cluster: Any, tmp_path: Path) -> Helm:
-    """helm v3 talking to the test cluster, with its own cache/config dirs."""
-    env = dict(kube_cluster.env)
+def _helm_env(base: dict[str, str], home: Path) -> dict[str, str]:
+    """Own cache/config/data dirs so tests never touch ~/.config/helm."""
+    env = dict(base)
     for var, sub in (
         ("HELM_CACHE_HOME", "cache"),
         ("HELM_CONFIG_HOME", "config"),
         ("HELM_DATA_HOME", "data"),
     ):
-        env[var] = str(tmp_path / "helm" / sub)
-    return Helm(path=tool_path("helm"), env=env)
+        env[var] = str(home / sub)
+    return env
+
+
+@pytest.fixture
+def helm(kube_cluster: Any, tmp_path: Path) -> Helm:
+    """helm v3 talking to the test cluster (its kubeconfig in the environment)."""
+    return Helm(path=tool_path("helm"), env=_helm_env(kube_cluster.env, tmp_path / "helm"))
+
+
+@pytest.fixture
+def helm_local(tmp_path: Path) -> Helm:
+    """helm v3 without a cluster, for lint/template/package (starts nothing)."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    return Helm(path=tool_path("helm"), env=_helm_env(env, tmp_path / "helm"))
 
 
 # ------------------------------------------------------------------ prometheus

@@ -29,8 +29,15 @@ def _tiny_chart(root: Path) -> Path:
     return chart
 
 
-def test_helm_is_v3(helm: Helm) -> None:
-    assert helm("version", "--short").stdout.startswith("v3.")
+def test_helm_is_v3_and_renders_without_cluster(helm_local: Helm, tmp_path: Path) -> None:
+    assert helm_local("version", "--short").stdout.startswith("v3.")
+    chart = _tiny_chart(tmp_path)
+    out = helm_local("template", "r0", str(chart)).stdout
+    assert yaml.safe_load(out)["data"] == {"greeting": "hello"}
+    (chart / "templates" / "broken.yaml").write_text("x: {{ .Values.greeting \n")
+    bad = helm_local("lint", str(chart), check=False)
+    assert bad.returncode != 0
+    assert "broken.yaml" in bad.stdout + bad.stderr
 
 
 def test_helm_template_install_uninstall(
