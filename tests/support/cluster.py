@@ -282,7 +282,7 @@ class KubeCluster:
                 core.delete_namespace(name)
 
     def service_account_token(
-        self, namespace: str, name: str, *, create: bool = True, seconds: int = 3600
+        self, namespace: str, name: str, *, create: bool = True, seconds: int = 86400
     ) -> str:
         with self.api_client() as api:
             core = client.CoreV1Api(api)
