@@ -242,6 +242,7 @@ class SpeculativeDecoder:
         calibration: str | Path | CalibrationArtifact | None = None,
         draft_quantization: str | None = None,
         shadow_every: int = 8,
+        prefill_batch: int = 8,
         shadow_min_samples: int = 64,
         shadow_window: int = 256,
         names: tuple[str, str] = ("target", "draft"),
@@ -316,6 +317,7 @@ class SpeculativeDecoder:
         self._fixed_k = num_draft_tokens
         self.max_draft_tokens = max(max_draft_tokens, num_draft_tokens or 1)
         self.shadow_every = shadow_every
+        self.prefill_batch = prefill_batch
         self.shadow_min_samples = shadow_min_samples
         self.quality = QualityMonitor(shadow_window)
         self.stats = DecoderStats()
@@ -505,43 +507,56 @@ class SpeculativeDecoder:
                     outputs.append(StepOutput(row.req.request_id, [], True, "cancelled"))
                     self._store_result(row, "cancelled")
             self._keep_rows(keep)
+        todo: list[GenerationRequest] = []
         for req in new:
             if req.max_new_tokens == 0:
                 outputs.append(StepOutput(req.request_id, [], True, "length"))
                 self._store_result(
                     _Row(req, list(req.prompt_ids), len(req.prompt_ids), 0), "length"
                 )
-                continue
-            self._prefill(req)
+            else:
+                todo.append(req)
+        # Similar lengths together keep the padding small.
+        todo.sort(key=lambda r: len(r.prompt_ids))
+        for i in range(0, len(todo), self.prefill_batch):
+            self._prefill_group(todo[i : i + self.prefill_batch])
         return outputs
 
-    def _prefill(self, req: GenerationRequest) -> None:
+    def _prefill_group(self, reqs: list[GenerationRequest]) -> None:
+        """Prefill prompt[:-1] of several requests in one forward per model, then join the batch.
+
+        Prompts are right-aligned; the left padding (and a one-token prompt's single
+        slot) are holes, so they cost compute but never influence attention.
+        """
         t0 = time.perf_counter()
-        prompt = list(req.prompt_ids)
-        n = len(prompt) - 1
-        if n > 0:
-            ids, real = prompt[:-1], torch.ones(1, n, dtype=torch.bool, device=self.device)
-        else:  # one-token prompt: a single hole keeps the cache non-empty
-            ids, real = prompt[:1], torch.zeros(1, 1, dtype=torch.bool, device=self.device)
-        inp = torch.tensor([ids], device=self.device)
-        pos = torch.arange(len(ids), device=self.device).unsqueeze(0)
+        prompts = [list(r.prompt_ids) for r in reqs]
+        n_max = max(1, max(len(p) - 1 for p in prompts))
+        ids = torch.zeros(len(reqs), n_max, dtype=torch.long)
+        real = torch.zeros(len(reqs), n_max, dtype=torch.bool)
+        pos = torch.zeros(len(reqs), n_max, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            n = len(p) - 1
+            if n > 0:
+                ids[i, n_max - n :] = torch.tensor(p[:-1])
+                real[i, n_max - n :] = True
+                pos[i, n_max - n :] = torch.arange(n)
+        inp, pos_d, real_d = ids.to(self.device), pos.to(self.device), real.to(self.device)
         kv_t, kv_d = BatchKV(self.device), BatchKV(self.device)
-        self._forward(self._target_base, kv_t, inp, pos, real)
-        self._forward(self._draft_base, kv_d, inp, pos, real)
+        self._forward(self._target_base, kv_t, inp, pos_d, real_d)
+        self._forward(self._draft_base, kv_d, inp, pos_d, real_d)
         self._kv_t.append_rows(kv_t)
         self._kv_d.append_rows(kv_d)
-        gen = None
-        if not req.sampling.greedy:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(
-                req.sampling.seed
-                if req.sampling.seed is not None
-                else int(torch.randint(0, 2**62, ()).item())
-            )
-        row = _Row(req, prompt, len(prompt), draft_seen=n, gen=gen)
-        row.stats.prefill_time_s = time.perf_counter() - t0
-        self.stats.prefill_time_s += row.stats.prefill_time_s
-        self._rows.append(row)
+        elapsed = time.perf_counter() - t0
+        self.stats.prefill_time_s += elapsed
+        for req, p in zip(reqs, prompts, strict=True):
+            gen = None
+            if not req.sampling.greedy:
+                gen = torch.Generator(device="cpu")
+                seed = req.sampling.seed
+                gen.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
+            row = _Row(req, p, len(p), draft_seen=len(p) - 1, gen=gen)
+            row.stats.prefill_time_s = elapsed
+            self._rows.append(row)
 
     def _forward(
         self, base: Any, kv: BatchKV, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor
