@@ -21,6 +21,7 @@ import pytest
 from slimspec.server.service import ModelRef
 
 TOKEN = "s3cret-admin-token"
+APPS: dict[str, Any] = {}  # base URL -> FastAPI app, for tests that look inside
 
 
 def char_tokenizer() -> Any:
@@ -119,9 +120,10 @@ def running_server(cfg: Any, ready_timeout: float = 120.0) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise TimeoutError("server did not become ready")
             time.sleep(0.05)
-        server.app_state = app  # type: ignore[attr-defined]
+        APPS[base] = app
         yield base
     finally:
+        APPS.pop(base, None)
         server.should_exit = True
         thread.join(15)
         sock.close()
