@@ -108,6 +108,9 @@ def decide(
     # is covered by observations.
     stable = max(r.replicas for r in kept)
     if stable >= replicas:
+        if want < replicas:
+            msg = f"recommendation {want}; highest over the window is {stable}"
+            return ScaleDecision(replicas, False, HOLD_STABILISING, msg, True, kept)
         return ScaleDecision(replicas, False, HOLD_STEADY, f"recommendation {want}", True, kept)
     start = observing_since or (kept[0].time if kept else now)
     if now - start < window:

@@ -16,7 +16,8 @@ from pydantic.alias_generators import to_camel
 # Label selector every default query uses. A ServiceMonitor adds `namespace` and
 # `service` target labels by default; a hand-written scrape config must add them.
 SELECTOR = 'namespace="{namespace}",service="{service}"'
-RATE_WINDOW = "2m"
+# rate() window, substituted per resource: see rate_window().
+RATE_WINDOW = "{window}"
 
 DEFAULT_QUERIES: dict[str, str] = {
     "p99Latency": (
@@ -30,15 +31,26 @@ DEFAULT_QUERIES: dict[str, str] = {
         f"sum(rate(slimspec_fallbacks_total{{{SELECTOR}}}[{RATE_WINDOW}])) or vector(0)"
     ),
     # min over pods: the worst replica decides whether compression may grow.
-    "keptAcceptance": f"min(slimspec_acceptance_kept_ratio{{{SELECTOR}}})",
+    # `> 0` drops pods whose shadow check has not run yet (the gauge starts at 0).
+    "keptAcceptance": f"min(slimspec_acceptance_kept_ratio{{{SELECTOR}}} > 0)",
     # Used by the autoscaler only when targetQueueDepth is set.
     "queueDepth": f"avg(slimspec_queue_depth{{{SELECTOR}}})",
 }
 
 
-def render_query(template: str, namespace: str, service: str) -> str:
-    """Fill the {namespace}/{service} placeholders (PromQL's own braces stay)."""
-    return template.replace("{namespace}", namespace).replace("{service}", service)
+def rate_window(interval_seconds: float) -> str:
+    """rate() window for a decision interval: two intervals, at least 10 s.
+
+    Scrape at least twice per decision interval, so the window holds 4+ scrapes.
+    """
+    return f"{max(10, round(2 * interval_seconds))}s"
+
+
+def render_query(template: str, namespace: str, service: str, window: str = "2m") -> str:
+    """Fill {namespace}/{service}/{window} (PromQL's own braces are left alone)."""
+    for key, value in (("namespace", namespace), ("service", service), ("window", window)):
+        template = template.replace("{" + key + "}", value)
+    return template
 
 
 class _Model(BaseModel):

@@ -1,0 +1,301 @@
+"""tuning_handlers.tick against the real API server and a real Prometheus.
+
+The clock is injected (cooldowns are minutes long in production); everything
+else is real: the CRD's schema and status subresource, server-side apply,
+the scale subresource, Events, a Prometheus scraping a real exporter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client
+from slimspec_operator import autoscaler, prom, tuner
+from slimspec_operator.tuning_handlers import (
+    GROUP,
+    KEDA_GROUP,
+    KEDA_PLURAL,
+    KEDA_VERSION,
+    PLURAL,
+    VERSION,
+    KubeIO,
+    Memory,
+    tick,
+)
+from slimspec_operator.tuning_spec import DEFAULT_QUERIES, rate_window, render_query
+
+from .conftest import KEDA_CRD_FILE, LoadExporter, service_manifest, start_prometheus
+
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.asyncio]
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+SVC = "svc"
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def api(kube_cluster: Any) -> Iterator[client.ApiClient]:
+    with kube_cluster.api_client() as api:
+        yield api
+
+
+class Svc:
+    """Create/read one SlimSpecService and its runtime ConfigMap."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.ns = namespace
+
+    def create(self, **spec: Any) -> None:
+        body = service_manifest(SVC, self.ns, **spec)
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+        cm = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=f"{SVC}-runtime"),
+            data={"compression_ratio": "0.3", "quality_threshold": "0.95"},
+        )
+        self.core.create_namespaced_config_map(self.ns, cm)
+
+    def get(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, SVC)
+
+    def configmap_ratio(self) -> str:
+        return self.core.read_namespaced_config_map(f"{SVC}-runtime", self.ns).data[
+            "compression_ratio"
+        ]
+
+    def events(self) -> list[str]:
+        return [e.reason for e in self.core.list_namespaced_event(self.ns).items]
+
+    def condition(self) -> dict[str, Any]:
+        conds = self.get().get("status", {}).get("conditions", [])
+        return next(c for c in conds if c["type"] == "MetricsAvailable")
+
+
+def tuning(url: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "prometheus": {"url": url, "timeoutSeconds": 2},
+        "tuning": {
+            "enabled": True,
+            "intervalSeconds": 5,
+            "latencyTargetSeconds": 0.4,
+            "cooldownSeconds": 30,
+            **extra,
+        },
+    }
+
+
+def p99_query(namespace: str) -> str:
+    return render_query(DEFAULT_QUERIES["p99Latency"], namespace, SVC, rate_window(5))
+
+
+def wait_for_load(server: Any, namespace: str, rate: float, p99: float | None = None) -> None:
+    """Until Prometheus sees about `rate` req/s (and p99 on the right side of `p99`)."""
+    rate_q = render_query(DEFAULT_QUERIES["requestRate"], namespace, SVC, rate_window(5))
+    near = lambda r: bool(r) and abs(float(r[0]["value"][1]) - rate) < 0.25 * rate  # noqa: E731
+    server.wait_for_query(rate_q, near, timeout=40)
+    if p99 is not None:
+        above = p99 > 0.4
+        server.wait_for_query(
+            p99_query(namespace),
+            lambda r: bool(r) and (float(r[0]["value"][1]) > p99) == above,
+            timeout=40,
+        )
+
+
+async def test_ratio_rises_holds_without_prometheus_and_resumes(
+    api: client.ApiClient,
+    namespace: str,
+    slimspec_crd: str,
+    prometheus_server: Any,
+    load_exporter: LoadExporter,
+) -> None:
+    load_exporter.set(rate=5, latency=0.6, kept=0.99)
+    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
+    svc = Svc(api, namespace)
+    svc.create(**tuning(server.url))
+    wait_for_load(server, namespace, 5, p99=0.5)
+
+    kube, mem = KubeIO(api), Memory(started=T0)
+    st = await tick(svc.get(), mem, kube, at(0), force=True)
+    assert st is not None
+    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_CONFIRMING
+    st = await tick(svc.get(), mem, kube, at(10), force=True)
+    assert st["compression"]["ratio"] == pytest.approx(0.35)
+
+    body = svc.get()
+    comp = body["status"]["compression"]
+    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tuner.RAISED
+    entry = comp["history"][-1]
+    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, tuner.RAISED)
+    assert comp["lastRaise"]["requestRate"] > 1  # the load the raise answered
+    assert svc.configmap_ratio() == "0.35"  # in force within seconds, no pod restart
+    assert svc.condition()["status"] == "True"
+    assert "CompressionChanged" in svc.events()
+    assert body["spec"]["replicas"] == 1  # ratio tuning never touches replicas
+
+    st = await tick(svc.get(), mem, kube, at(20), force=True)
+    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_COOLDOWN
+
+    # Prometheus down: hold, and say why.
+    server.stop()
+    st = await tick(svc.get(), mem, kube, at(60), force=True)
+    cond = svc.condition()
+    assert (cond["status"], cond["reason"]) == ("False", prom.UNREACHABLE)
+    assert svc.get()["status"]["compression"]["ratio"] == pytest.approx(0.35)
+    assert svc.configmap_ratio() == "0.35"
+    assert "MetricsUnavailable" in svc.events()
+
+    # Back: available again at once, and moving again after two fresh samples.
+    server.start()
+    wait_for_load(server, namespace, 5, p99=0.5)
+    await tick(svc.get(), mem, kube, at(70), force=True)
+    assert svc.condition()["status"] == "True"
+    st = await tick(svc.get(), mem, kube, at(80), force=True)
+    assert st["compression"]["ratio"] == pytest.approx(0.4)
+    assert svc.configmap_ratio() == "0.4"
+
+    # Latency well under target: the ratio comes down (faster), but not while the
+    # load that needed the raise is unchanged (anti-flap), so drop the load too.
+    load_exporter.set(rate=2, latency=0.1)
+    wait_for_load(server, namespace, 2, p99=0.2)
+    await tick(svc.get(), mem, kube, at(200), force=True)
+    st = await tick(svc.get(), mem, kube, at(210), force=True)
+    assert st["compression"]["ratio"] == pytest.approx(0.3)
+    assert st["compression"]["reason"] == tuner.LOWERED
+
+
+async def test_quality_guard_and_no_data(
+    api: client.ApiClient,
+    namespace: str,
+    slimspec_crd: str,
+    prometheus_server: Any,
+    load_exporter: LoadExporter,
+) -> None:
+    load_exporter.set(rate=5, latency=0.6, kept=0.9)
+    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
+    svc = Svc(api, namespace)
+    svc.create(**tuning(server.url))
+    wait_for_load(server, namespace, 5)
+    kube, mem = KubeIO(api), Memory(started=T0)
+    # p99 is over target, but kept acceptance is below threshold: down, at once.
+    st = await tick(svc.get(), mem, kube, at(0), force=True)
+    assert st["compression"]["ratio"] == pytest.approx(0.2)
+    assert st["compression"]["reason"] == tuner.QUALITY_GUARD
+    assert svc.configmap_ratio() == "0.2"
+
+    # A query that matches nothing: NoData, and the condition says so.
+    body = svc.get()
+    queries = {"requestRate": 'sum(rate(nothing_here_total{service="{service}"}[1m]))'}
+    body["spec"]["tuning"]["queries"] = queries
+    await tick(body, mem, kube, at(100), force=True)
+    cond = svc.condition()
+    assert (cond["status"], cond["reason"]) == ("False", prom.NO_DATA)
+
+
+async def test_operator_autoscaling_scales_through_the_scale_subresource(
+    api: client.ApiClient,
+    namespace: str,
+    slimspec_crd: str,
+    prometheus_server: Any,
+    load_exporter: LoadExporter,
+) -> None:
+    load_exporter.set(rate=5, latency=0.6, kept=0.99)
+    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
+    svc = Svc(api, namespace)
+    auto = {"enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetRequestsPerReplica": 2}
+    svc.create(replicas=1, autoscaling=auto, **tuning(server.url))
+    wait_for_load(server, namespace, 5, p99=0.5)
+    rate_q = render_query(DEFAULT_QUERIES["requestRate"], namespace, SVC, rate_window(5))
+    # 3 replicas for anything in (4, 6] req/s at 2 req/s per replica.
+    server.wait_for_query(rate_q, lambda r: bool(r) and 4.3 < float(r[0]["value"][1]) < 5.7)
+
+    kube, mem = KubeIO(api), Memory(started=T0)
+    st = await tick(svc.get(), mem, kube, at(0), force=True)
+    assert st["autoscaling"]["reason"] == autoscaler.SCALED_UP
+    scale = client.CustomObjectsApi(api).get_namespaced_custom_object_scale(
+        GROUP, VERSION, namespace, PLURAL, SVC
+    )
+    assert scale["spec"]["replicas"] == 3
+    assert svc.get()["spec"]["replicas"] == 3
+    assert "Scaled" in svc.events()
+    # The replica change starts the ratio's settle window: p99 is over target,
+    # but the ratio holds while the new capacity takes effect.
+    st = await tick(svc.get(), mem, kube, at(10), force=True)
+    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_SETTLING
+    assert st["compression"]["ratio"] == pytest.approx(0.3)
+    # Load gone: no scale-down inside the stabilisation window.
+    load_exporter.set(rate=0.5)
+    server.wait_for_query(rate_q, lambda r: bool(r) and float(r[0]["value"][1]) < 1, timeout=30)
+    st = await tick(svc.get(), mem, kube, at(60), force=True)
+    assert st["autoscaling"]["reason"] == autoscaler.HOLD_STABILISING
+    assert svc.get()["spec"]["replicas"] == 3
+
+
+async def test_keda_scaled_object_is_accepted_by_the_api_server(
+    kube_cluster: Any,
+    api: client.ApiClient,
+    namespace: str,
+    slimspec_crd: str,
+) -> None:
+    svc = Svc(api, namespace)
+    auto = {"enabled": True, "mode": "keda", "minReplicas": 1, "maxReplicas": 5}
+    svc.create(autoscaling=auto, **tuning("http://prometheus.monitoring:9090"))
+    custom = client.CustomObjectsApi(api)
+
+    kube_cluster.kubectl("delete", "--ignore-not-found", "-f", str(KEDA_CRD_FILE))
+    await tick(svc.get(), Memory(started=T0), KubeIO(api), at(0), force=True)
+    assert "KedaNotInstalled" in svc.events()
+
+    kube_cluster.kubectl("apply", "-f", str(KEDA_CRD_FILE))
+    try:
+        kube_cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=30s"
+        )
+        mem = Memory(started=T0)
+        await tick(svc.get(), mem, KubeIO(api), at(0), force=True)
+        so = custom.get_namespaced_custom_object(
+            KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL, SVC
+        )
+        body = svc.get()
+        assert so["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+        spec = so["spec"]
+        assert spec["scaleTargetRef"] == {
+            "apiVersion": "slimspec.io/v1alpha1",
+            "kind": "SlimSpecService",
+            "name": SVC,
+        }
+        assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 5)
+        trig = spec["triggers"][0]
+        assert trig["type"] == "prometheus" and trig["metricType"] == "AverageValue"
+        assert trig["metadata"]["serverAddress"] == "http://prometheus.monitoring:9090"
+        assert f'namespace="{namespace}"' in trig["metadata"]["query"]
+        # Nothing was pruned: what the builder made is what the server stored.
+        behaviour = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert behaviour["scaleDown"]["stabilizationWindowSeconds"] == 300
+
+        # The schema is enforced for real: KEDA's CEL rule rejects min > max.
+        bad = dict(so)
+        bad["spec"] = {**spec, "minReplicaCount": 9, "maxReplicaCount": 2}
+        bad["metadata"] = {"name": "bad", "namespace": namespace}
+        with pytest.raises(client.ApiException) as info:
+            custom.create_namespaced_custom_object(
+                KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL, bad
+            )
+        assert info.value.status == 422
+
+        # Switching to operator mode removes the ScaledObject.
+        body["spec"]["autoscaling"]["mode"] = "operator"
+        await tick(body, mem, KubeIO(api), at(10), force=True)
+        left = custom.list_namespaced_custom_object(
+            KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL
+        )
+        assert left["items"] == []
+    finally:
+        kube_cluster.kubectl("delete", "--ignore-not-found", "-f", str(KEDA_CRD_FILE))
