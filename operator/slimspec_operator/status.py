@@ -34,8 +34,8 @@ def build_status(
         ready_c = (False, "NotServing", "no version is serving yet")
     elif ready >= want:
         ready_c = (True, "AllReplicasReady", f"{ready}/{want} replicas of {serving.version} ready")
-    elif ready > 0:
-        ready_c = (False, "PartiallyReady", f"{ready}/{want} replicas of {serving.version} ready")
+    elif ready > 0:  # serving, with less capacity than asked for (scaling up, pod lost)
+        ready_c = (True, "PartiallyReady", f"{ready}/{want} replicas of {serving.version} ready")
     else:
         ready_c = (False, "NoReadyReplicas", f"0/{want} replicas of {serving.version} ready")
     conditions = set_condition(conditions, "Ready", *ready_c, gen, now)
