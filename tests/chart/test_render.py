@@ -96,10 +96,9 @@ def test_operator_deployment(variant: str, rendered_variants: dict) -> None:
     args = c["args"]
     if variant == "namespaced":
         assert "--namespace=team-a" in args and "--namespace=team-b" in args
-        assert "--all-namespaces" not in args
         assert c["image"].endswith("@sha256:" + "0" * 63 + "1")
     else:
-        assert "--all-namespaces" in args
+        assert not [a for a in args if a.startswith("--namespace")]  # whole cluster
         assert c["image"] == "ghcr.io/slimspec/operator:0.1.0"
 
 
@@ -107,12 +106,12 @@ def test_image_tags_follow_app_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["operator"]["image"]["tag"] == chart["appVersion"]
-    assert values["engine"]["image"]["tag"] == chart["appVersion"]
-    # The operator's own default engine image (CRD default) is the same one.
+    # The engine image comes from each SlimSpecService (CRD default): same version.
     crd = yaml.safe_load((REPO / "crds" / "slimspecservice.yaml").read_text())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    engine = values["engine"]["image"]
-    assert spec["properties"]["image"]["default"] == f"{engine['repository']}:{engine['tag']}"
+    assert (
+        spec["properties"]["image"]["default"] == f"ghcr.io/slimspec/engine:{chart['appVersion']}"
+    )
 
 
 @pytest.mark.parametrize(

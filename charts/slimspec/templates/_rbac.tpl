@@ -1,42 +1,52 @@
-{{/* RBAC rules of the operator, shared by the ClusterRole and the Roles (rbac.yaml). */}}
+{{/*
+RBAC rules of the operator, shared by the ClusterRole and the Roles (rbac.yaml).
+Each rule is an API call the operator makes (operator/slimspec_operator/kube.py,
+handlers.py, tuning_handlers.py, and Kopf itself). Server-side apply (PATCH
+with application/apply-patch+yaml) needs "create" as well as "patch" for an
+object that does not exist yet. Objects the operator creates carry an owner
+reference to their SlimSpecService, so the garbage collector deletes them: the
+operator deletes only superseded Deployments itself.
+*/}}
 {{- define "slimspec.namespacedRules" -}}
-# The custom resources: Kopf watches them, adds its finalizer and progress
-# annotations (patch), and the operator writes their status.
+# The custom resources: Kopf lists/watches them and keeps its progress in
+# annotations (patch); the reconciler re-reads one before acting (get); status
+# is written through /status; the autoscaler sets replicas through /scale.
 - apiGroups: ["slimspec.io"]
   resources: ["slimspecservices"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["slimspec.io"]
-  resources: ["slimspecservices/status"]
-  verbs: ["get", "patch"]
-# What the operator creates for each SlimSpecService: the engine Deployment(s),
-# the Service, the runtime ConfigMap.
+  resources: ["slimspecservices/status", "slimspecservices/scale"]
+  verbs: ["patch"]
+# One Deployment per model version (server-side apply, replica changes, delete
+# of the old version after a rollout); Kopf watches them for readiness.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# The Service in front of the engines (read to see which version it selects).
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The engine pods' identity (read its runtime ConfigMap): ServiceAccount, Role
-# and RoleBinding per SlimSpecService.
+  resources: ["services"]
+  verbs: ["get", "create", "patch"]
+# The runtime ConfigMap (applied; the tuner patches its ratio). get/list/watch
+# are held because the engines' Role grants exactly these on it, and RBAC lets
+# the operator grant only what it holds itself (no "escalate"/"bind").
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The engines' identity: ServiceAccount, Role and RoleBinding per SlimSpecService.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The engines' admin bearer token (preStop drain): created once per
-# SlimSpecService. No list/watch: the operator never reads other Secrets in bulk.
+  verbs: ["create", "patch"]
+# The engines' admin bearer token (preStop drain): created once, never read back.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
-# Pod readiness during rollouts (read only).
+  verbs: ["create"]
+# Kopf's and the tuner's Kubernetes events.
 - apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-# Kopf posts Kubernetes events about what it did.
-- apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- if .Values.operator.peering.enabled }}
 # Kopf peering between replicas (namespaced peering objects).
 - apiGroups: ["kopf.dev"]
@@ -44,15 +54,15 @@
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 {{- if .Values.rbac.keda }}
-# The tuner may manage a KEDA ScaledObject per SlimSpecService.
+# autoscaling.mode=keda: the tuner applies / deletes a KEDA ScaledObject.
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["create", "patch", "delete"]
 {{- end }}
 {{- end }}
 
 {{- define "slimspec.clusterRules" -}}
-# Kopf discovers and follows the CRD it serves (cluster-scoped, read only).
+# Kopf follows the CRDs it serves (resource scanning; cluster-scoped, read only).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
