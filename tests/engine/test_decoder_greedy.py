@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from slimspec import SpeculativeDecoder
 from slimspec.types import GenerationRequest
+
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB, tiny_pair
 
@@ -105,7 +105,7 @@ def test_stop_token_ends_request(tiny_llama_pair):
 
 
 def test_kv_rollback_keeps_exactly_the_sequence(tiny_weak_pair):
-    """After every step each row's valid target slots == len(seq) - 1 and draft slots == draft_seen."""
+    """After every step: valid target slots == len(seq) - 1, valid draft slots == draft_seen."""
     target, draft = tiny_weak_pair
     dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.0, num_draft_tokens=4)
     ps = prompts(3, TINY_VOCAB, seed=2, lengths=(3, 8, 1))

@@ -1,10 +1,9 @@
-"""Pure sampling/verification decisions: exactness of the rejection rule, with a negative control."""
+"""Pure sampling/verification decisions: the rejection rule is exact; a wrong rule fails."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
 from slimspec import sampling as S
 
 

@@ -1,0 +1,117 @@
+"""Sampling through the whole decoder follows the target distribution; a wrong rule fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from slimspec import SpeculativeDecoder
+from slimspec import sampling as S
+from slimspec.types import GenerationRequest, SamplingParams
+
+from tests.engine.test_sampling import _wrong_rule
+from tests.support.tiny_models import tiny_model
+
+V = 16
+N = 3000
+PROMPT = [3, 7, 5]
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    target = tiny_model("llama", seed=21, vocab=V, seed_scale=0.5)
+    draft = tiny_model("llama", seed=22, vocab=V, hidden=32, layers=1, seed_scale=0.5)
+    return target, draft
+
+
+@torch.inference_mode()
+def _exact_joint(target, sp: SamplingParams) -> torch.Tensor:
+    """P(x1, x2) of the target under the warped distribution, by enumeration."""
+    params = S.sampling_tensors([sp])
+
+    def dist(seq):
+        logits = target(torch.tensor([seq])).logits[:, -1]
+        return S.warp_probs(logits, *params)[0]
+
+    p1 = dist(PROMPT)
+    joint = torch.zeros(V, V)
+    for x1 in range(V):
+        if p1[x1] > 0:
+            joint[x1] = p1[x1] * dist([*PROMPT, x1])
+    return joint
+
+
+def _speculative_joint(target, draft, sp: SamplingParams, ratio: float) -> torch.Tensor:
+    dec = SpeculativeDecoder.from_models(
+        target, draft, compression_ratio=ratio, num_draft_tokens=2, prefill_batch=256
+    )
+    reqs = [
+        GenerationRequest(f"s{i}", PROMPT, 2, SamplingParams(sp.temperature, sp.top_k, sp.top_p, i))
+        for i in range(N)
+    ]
+    counts = torch.zeros(V, V)
+    for res in dec.generate_batch(reqs):
+        x1, x2 = res.output_ids
+        counts[x1, x2] += 1
+    assert dec.stats.accepted < dec.stats.drafted  # rejections happened
+    assert dec.stats.accepted > 0
+    return counts / N
+
+
+def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * (a - b).abs().sum().item()
+
+
+def _noise_threshold(joint: torch.Tensor) -> float:
+    """TV that plain sampling of N draws from the exact joint stays under (mean + 5 sd)."""
+    g = torch.Generator().manual_seed(0)
+    tvs = []
+    for _ in range(40):
+        idx = torch.multinomial(joint.flatten(), N, replacement=True, generator=g)
+        emp = torch.bincount(idx, minlength=V * V).float().view(V, V) / N
+        tvs.append(_tv(emp, joint))
+    t = torch.tensor(tvs)
+    return (t.mean() + 5 * t.std()).item()
+
+
+@pytest.mark.parametrize(
+    "sp,ratio",
+    [
+        (SamplingParams(temperature=1.0), 0.5),
+        (SamplingParams(temperature=1.5, top_k=10, top_p=0.95), 0.0),
+    ],
+)
+def test_sampled_outputs_follow_target_distribution(small_vocab_pair, sp, ratio, monkeypatch):
+    target, draft = small_vocab_pair
+    joint = _exact_joint(target, sp)
+    threshold = _noise_threshold(joint)
+    tv = _tv(_speculative_joint(target, draft, sp, ratio), joint)
+    assert tv < threshold, (tv, threshold)
+    # Negative control: the same test must catch a wrong acceptance rule.
+    monkeypatch.setattr(S, "verify_rejection", _wrong_rule)
+    tv_bad = _tv(_speculative_joint(target, draft, sp, ratio), joint)
+    assert tv_bad > threshold, (tv_bad, threshold)
+
+
+def test_seeded_runs_reproduce(tiny_llama_pair):
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.3, num_draft_tokens=3)
+    sp = SamplingParams(temperature=0.9, top_p=0.95, seed=1234)
+    a = dec.generate([5, 9, 11], 30, sp, stop_token_ids=[]).output_ids
+    b = dec.generate([5, 9, 11], 30, sp, stop_token_ids=[]).output_ids
+    c = dec.generate([5, 9, 11], 30, SamplingParams(0.9, 0, 0.95, 99), stop_token_ids=[]).output_ids
+    assert a == b
+    assert a != c
+
+
+def test_mixed_greedy_and_sampling_batch(tiny_llama_pair):
+    from tests.engine.helpers import target_greedy
+
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.3, num_draft_tokens=3)
+    reqs = [
+        GenerationRequest("g", [4, 8, 15], 20),
+        GenerationRequest("s", [16, 23, 42], 20, SamplingParams(temperature=1.0, seed=7)),
+    ]
+    res = dec.generate_batch(reqs)
+    assert res[0].output_ids == target_greedy(target, [4, 8, 15], 20)
+    assert len(res[1].output_ids) == 20
