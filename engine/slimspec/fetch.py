@@ -342,7 +342,8 @@ def convert_in_child(spec: ModelSpec, gguf: Path, out_dir: Path, *, progress: bo
     ]
     t0 = time.monotonic()
     try:
-        child = subprocess.Popen(cmd, stdout=2)  # progress to our stderr
+        env = None if progress else {**os.environ, "TQDM_DISABLE": "1"}  # transformers' bars too
+        child = subprocess.Popen(cmd, stdout=2, env=env)  # progress to our stderr
     except OSError as exc:
         raise FetchError(f"could not start the conversion of {gguf.name}: {exc}") from exc
     # wait4 gives this child's own rusage (peak RSS in KiB on Linux).
