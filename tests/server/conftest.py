@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from slimspec.server.service import ModelRef
 
 TOKEN = "s3cret-admin-token"
@@ -94,16 +93,13 @@ def free_socket() -> socket.socket:
 def running_server(cfg: Any, ready_timeout: float = 120.0) -> Iterator[str]:
     """uvicorn on a random loopback port in a thread; yields the base URL once ready."""
     import uvicorn
-
     from slimspec.server.app import create_app
 
     app = create_app(cfg)
     sock = free_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(
-        target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True
-    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + ready_timeout
@@ -137,12 +133,17 @@ def tiny_config(tiny: TinyModels, **overrides: Any) -> Any:
     base = ServerConfig(
         model=ModelRef(target="tiny-a", draft="tiny-a-draft", version="v1", dtype="float32"),
         scheduler=SchedulerConfig(max_batch_size=8, max_queue=16, batch_wait_s=0.005),
-        limits=Limits(max_new_tokens=256, max_input_tokens=400, max_input_chars=4000,
-                      max_body_bytes=200_000, request_timeout_s=60),
+        limits=Limits(
+            max_new_tokens=256,
+            max_input_tokens=400,
+            max_input_chars=4000,
+            max_body_bytes=200_000,
+            request_timeout_s=60,
+        ),
         admin_token=TOKEN,
         loader=tiny.loader,
         enable_gpu_metrics=False,
-    )  # fmt: skip
+    )
     return replace(base, **overrides)
 
 

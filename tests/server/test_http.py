@@ -6,8 +6,8 @@ import re
 
 import httpx
 import pytest
-
 from slimspec.server import slimspec_pb2
+
 from tests.server.conftest import TOKEN
 
 PB = "application/x-protobuf"
@@ -49,8 +49,11 @@ def test_infer_stop_sequence(server: str) -> None:
     if len(text) < 4:
         pytest.skip("model stopped early")
     stop = text[2:4]
-    r = post(server, "/infer", json={"input": "xyz", "max_length": 12, "include_input": False,
-                                     "stop": [stop]})  # fmt: skip
+    r = post(
+        server,
+        "/infer",
+        json={"input": "xyz", "max_length": 12, "include_input": False, "stop": [stop]},
+    )
     assert r.status_code == 200
     assert r.json()["output"] == text[: text.find(stop)]
     assert r.json()["finish_reason"] == "stop"
@@ -58,8 +61,12 @@ def test_infer_stop_sequence(server: str) -> None:
 
 def test_infer_protobuf_round_trip(server: str) -> None:
     req = slimspec_pb2.InferRequest(input="Hello, world!", max_length=6)
-    r = post(server, "/infer", content=req.SerializeToString(),
-             headers={"Content-Type": PB, "Accept": PB})  # fmt: skip
+    r = post(
+        server,
+        "/infer",
+        content=req.SerializeToString(),
+        headers={"Content-Type": PB, "Accept": PB},
+    )
     assert r.status_code == 200 and r.headers["content-type"] == PB
     resp = slimspec_pb2.InferResponse.FromString(r.content)
     as_json = post(server, "/infer", json={"input": "Hello, world!", "max_length": 6}).json()
@@ -77,7 +84,9 @@ def test_protobuf_errors(server: str) -> None:
     assert r.status_code == 400
     err = slimspec_pb2.ErrorResponse.FromString(r.content)
     assert err.error == "invalid_protobuf" and err.message
-    unknown = slimspec_pb2.InferRequest(input="hi").SerializeToString() + b"\xa0\x06\x01"  # field 100
+    unknown = (
+        slimspec_pb2.InferRequest(input="hi").SerializeToString() + b"\xa0\x06\x01"
+    )  # field 100
     r = post(server, "/infer", content=unknown, headers=h)
     assert r.status_code == 400 and b"unknown protobuf field" in r.content
     bad_utf8 = b"\x0a\x02\xc3\x28"  # field 1 (string) = invalid UTF-8

@@ -18,7 +18,11 @@ def test_parse_valid_values() -> None:
     updates, errors = parse_settings(
         {"compression_ratio": " 0.5", "quality_threshold": "0.9", "fallback_strategy": "None"}
     )
-    assert updates == {"compression_ratio": 0.5, "quality_threshold": 0.9, "fallback_strategy": "none"}
+    assert updates == {
+        "compression_ratio": 0.5,
+        "quality_threshold": 0.9,
+        "fallback_strategy": "none",
+    }
     assert errors == []
 
 
@@ -49,8 +53,12 @@ def test_strict_keys_for_admin() -> None:
 
 
 def test_validate_rejects_bool_and_out_of_range() -> None:
-    for key, raw in [("compression_ratio", True), ("compression_ratio", -0.1),
-                     ("quality_threshold", 1.5), ("compression_ratio", "inf")]:  # fmt: skip
+    for key, raw in [
+        ("compression_ratio", True),
+        ("compression_ratio", -0.1),
+        ("quality_threshold", 1.5),
+        ("compression_ratio", "inf"),
+    ]:
         try:
             validate_setting(key, raw)
         except ValueError:

@@ -111,8 +111,12 @@ class TargetOnlyEngine:
     @torch.inference_mode()
     def _advance(self, seq: _Seq) -> StepOutput:
         ids = torch.tensor([seq.next_input], device=self.device)
-        out = self.model(input_ids=ids, past_key_values=seq.cache, use_cache=True)
-        seq.cache = out.past_key_values
+        if seq.cache is None:
+            from transformers import DynamicCache
+
+            seq.cache = DynamicCache(config=self.model.config)
+        # updated in place (transformers >= 5 names the argument `cache`)
+        out = self.model(input_ids=ids, cache=seq.cache, use_cache=True)
         if seq.output:
             seq.stats.verify_steps += 1
         tok = choose_token(out.logits[0, -1], seq.req.sampling, seq.gen)
