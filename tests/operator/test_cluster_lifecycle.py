@@ -3,6 +3,8 @@ printer columns, metrics, delete (garbage collection)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kubernetes.client.rest import ApiException
 
@@ -13,6 +15,19 @@ from .conftest import HASH, Api, OperatorProcess, sample
 pytestmark = pytest.mark.cluster
 
 SELECTOR = "app.kubernetes.io/instance=chat"
+
+
+def resource_versions(api: Api, namespace: str) -> dict[str, str]:
+    out = {
+        "ssvc": api.get()["metadata"]["resourceVersion"],
+        "svc": api.core.read_namespaced_service("chat", namespace).metadata.resource_version,
+        "cm": api.core.read_namespaced_config_map(
+            "chat-runtime", namespace
+        ).metadata.resource_version,
+    }
+    for d in api.deployments():
+        out[d.metadata.name] = d.metadata.resource_version
+    return out
 
 
 def test_create_builds_objects_with_owner_refs_and_delete_collects_them(
@@ -113,6 +128,12 @@ def test_status_conditions_printer_columns_scale_and_ratio(
         assert st["observedGeneration"] == api.get()["metadata"]["generation"]
         assert api.condition("Degraded")["status"] == "False"
         assert api.condition("Progressing")["reason"] == "RolloutComplete"
+
+        # level-based and idempotent: more reconcile rounds change nothing
+        api.wait(lambda: api.condition("Progressing").get("reason") == "RolloutComplete")
+        before = resource_versions(api, namespace)
+        time.sleep(3.5)  # >= 3 timer rounds (SLIMSPEC_RECONCILE_INTERVAL=1)
+        assert resource_versions(api, namespace) == before
 
         out = kube_cluster.kubectl("get", "ssvc", "chat", "-n", namespace).stdout
         header, row = out.splitlines()

@@ -59,6 +59,17 @@ def test_engine_container_contract():
     assert ref == {"name": "chat-runtime", "key": "compression_ratio"}
     assert env["SLIMSPEC_DEVICE"]["value"] == "cuda"
     assert env["SLIMSPEC_MAX_BATCH_SIZE"]["value"] == "8"
+    assert c["args"] == [
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8080",
+        "--max-queue",
+        "64",
+        "--batch-wait-ms",
+        "5",
+    ]
     assert pod["serviceAccountName"] == "chat-engine"
     # one volume for the shared claim, mounted read-only
     pvcs = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
