@@ -74,6 +74,8 @@ build_k8s() {
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
   rm -rf "$K8S_DIR" && mv "$out" "$K8S_DIR"
   k8s_ok
+  # The binaries are all later runs need; the ~3 GB build cache is optional.
+  if [[ "${SLIMSPEC_TESTBED_PRUNE_GO:-0}" == 1 ]]; then go clean -cache; fi
 }
 
 # pip for downloads: the system one, else a small venv in the cache (uv-made

@@ -43,7 +43,10 @@ PodDriver (plays kubelet for pods matching a namespace + label selector)
 Environment: ``SLIMSPEC_TESTBED_KEEP=1`` keeps the temp dir (certs, logs) after the
 run; component logs are ``<workdir>/{etcd,kube-apiserver,kube-controller-manager}.log``.
 Standalone: ``python -m tests.support.cluster`` starts a cluster, prints
-``KUBECONFIG=...`` and runs until Ctrl-C.
+``KUBECONFIG=...`` and ``SLIMSPEC_TESTBED_DIR=...`` and runs until Ctrl-C; with
+``SLIMSPEC_TESTBED_DIR`` set, ``kube_cluster`` attaches to that cluster instead of
+starting one (fast edit-test loop; a terminating-pod reaper runs only in the
+process that started the cluster).
 """
 
 from __future__ import annotations
@@ -784,8 +787,27 @@ def running_cluster() -> Iterator[KubeCluster]:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def attach_cluster(workdir: Path) -> KubeCluster:
+    """A handle on a cluster another process runs (``python -m tests.support.cluster``)."""
+    kubeconfig = workdir / "admin.kubeconfig"
+    try:
+        cfg = yaml.safe_load(kubeconfig.read_text())
+    except OSError as exc:
+        pytest.fail(f"SLIMSPEC_TESTBED_DIR={workdir}: no running test cluster ({exc})")
+    server = cfg["clusters"][0]["cluster"]["server"]
+    ca_file = Path(cfg["clusters"][0]["cluster"]["certificate-authority"])
+    token = cfg["users"][0]["user"]["token"]
+    if not _https_ok(f"{server}/readyz", ca_file, token):
+        pytest.fail(f"SLIMSPEC_TESTBED_DIR={workdir}: API server {server} is not ready")
+    return KubeCluster(workdir, server, ca_file, token, kubeconfig)
+
+
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[KubeCluster]:
+    attach = os.environ.get("SLIMSPEC_TESTBED_DIR")
+    if attach:  # reuse a long-running dev cluster; it keeps running afterwards
+        yield attach_cluster(Path(attach))
+        return
     with running_cluster() as cluster:
         yield cluster
 
@@ -807,10 +829,13 @@ def pod_driver(kube_cluster: KubeCluster) -> Iterator[PodDriver]:
 
 
 def main() -> None:
-    """Run a cluster by hand: prints KUBECONFIG and waits for Ctrl-C."""
+    """Run a cluster by hand: prints KUBECONFIG and waits for Ctrl-C or SIGTERM."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # clean up on TERM too
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with &
     with running_cluster() as cluster:
         print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
-        print(f"server {cluster.server}; logs in {cluster.workdir}; Ctrl-C to stop", flush=True)
+        print(f"export SLIMSPEC_TESTBED_DIR={cluster.workdir}  # pytest reuses it", flush=True)
+        print(f"# server {cluster.server}; logs in {cluster.workdir}; Ctrl-C to stop", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
 
