@@ -331,3 +331,28 @@ def test_owner_reference_garbage_collection(kube_cluster: KubeCluster, namespace
             return False
 
         kube_cluster.wait_for(child_gone, timeout=30, what="garbage collector to delete child")
+
+
+def test_namespace_with_running_pods_is_deleted(
+    kube_cluster: KubeCluster, pod_driver: PodDriver
+) -> None:
+    """The reaper plays kubelet for terminating pods, so namespaces do go away."""
+    ns = kube_cluster.create_namespace()
+    with kube_cluster.api_client() as api:
+        apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+        apps.create_namespaced_deployment(ns, _deployment("gone", 2, "example/gone:1"))
+        kube_cluster.wait_for(
+            lambda: len(core.list_namespaced_pod(ns).items) == 2, what="2 pods created"
+        )
+        pod_driver.mark(ns)
+        kube_cluster.wait_deployment_available(ns, "gone")
+        core.delete_namespace(ns)  # graceful: pods get a deletionTimestamp first
+
+        def gone() -> bool:
+            try:
+                core.read_namespace(ns)
+            except ApiException as exc:
+                return exc.status == 404
+            return False
+
+        kube_cluster.wait_for(gone, timeout=60, what=f"namespace {ns} to be deleted")
