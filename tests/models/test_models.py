@@ -16,6 +16,8 @@ from slimspec.models import (
     torch_dtype,
 )
 
+from tests.support.models import RealModelPair
+
 
 class FakeTok:
     def __init__(self, vocab: dict[str, int]) -> None:
@@ -121,7 +123,7 @@ def test_registry_name_resolves_to_cache(small_real_model: Path) -> None:
 
 @pytest.mark.slow
 def test_smollm2_and_qwen_tokenizers_are_rejected(
-    small_real_model: Path, real_model_pair: tuple[Path, Path]
+    small_real_model: Path, real_model_pair: RealModelPair
 ) -> None:
     from transformers import AutoTokenizer, PretrainedConfig
 

@@ -18,6 +18,8 @@ from slimspec import fetch
 from slimspec.model_registry import QWEN_0_5B, QWEN_1_5B, SMOLLM2_135M
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from tests.support.models import RealModelPair
+
 pytestmark = pytest.mark.slow
 
 
@@ -70,7 +72,7 @@ def test_second_fetch_is_fast(small_real_model: Path) -> None:
     assert elapsed < 3.0, f"cached fetch took {elapsed:.2f}s"
 
 
-def test_default_pair_cache(real_model_pair: tuple[Path, Path]) -> None:
+def test_default_pair_cache(real_model_pair: RealModelPair) -> None:
     for path, spec in zip(real_model_pair, (QWEN_1_5B, QWEN_0_5B), strict=True):
         assert path == fetch.models_root() / spec.name
         marker = json.loads((path / fetch.MARKER).read_text())
@@ -87,7 +89,7 @@ def test_default_pair_cache(real_model_pair: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.parametrize("role", ["target", "draft"])
-def test_default_pair_generates_code(real_model_pair: tuple[Path, Path], role: str) -> None:
+def test_default_pair_generates_code(real_model_pair: RealModelPair, role: str) -> None:
     path = getattr(real_model_pair, role)
     completion = greedy(path, "def fibonacci(n):\n", 16)
     assert "return" in completion, completion
