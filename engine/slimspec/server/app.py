@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from slimspec.batching import SchedulerConfig
 from slimspec.metrics import Metrics
@@ -23,6 +24,7 @@ from slimspec.server.errors import (
     ApiError,
     api_error_handler,
     error_response,
+    http_exception_handler,
     validation_error_handler,
 )
 from slimspec.server.loading import default_loader
@@ -151,6 +153,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware, state=app.state)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_exception_handler)
 
     @app.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:

@@ -69,3 +69,19 @@ async def validation_error_handler(request: Request, exc: Exception) -> Response
     )
     status = 400 if kind == "invalid_json" else 422
     return error_response(request, ApiError(status, kind, validation_message(errors)))
+
+
+async def http_exception_handler(request: Request, exc: Exception) -> Response:
+    """Framework errors (404, 405, unparsable bodies) in the same error shape."""
+    from starlette.exceptions import HTTPException
+
+    assert isinstance(exc, HTTPException)
+    kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 400 and "parsing the body" in detail:
+        detail = "body could not be parsed (is it valid UTF-8 JSON?)"
+    err = ApiError(exc.status_code, kinds.get(exc.status_code, "error"), detail)
+    resp = error_response(request, err)
+    for k, v in (exc.headers or {}).items():
+        resp.headers[k] = v
+    return resp

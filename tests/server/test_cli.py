@@ -1,0 +1,76 @@
+"""`slimspec` CLI: env vars per docs/contracts.md, flags win, admin token file wins."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slimspec.cli import DEFAULT_DRAFT, DEFAULT_TARGET, build_config, read_admin_token, serve_parser
+
+
+def test_defaults_serve_the_real_pair_on_8080() -> None:
+    args = serve_parser({}).parse_args([])
+    assert (args.target, args.draft, args.port) == (DEFAULT_TARGET, DEFAULT_DRAFT, 8080)
+    cfg = build_config(args, {})
+    assert cfg.model.version == "unversioned" and cfg.settings.compression_ratio == 0.3
+    assert cfg.admin_token is None and cfg.runtime_configmap is None
+    assert cfg.scheduler.max_batch_size == 8
+
+
+def test_env_then_flags() -> None:
+    env = {
+        "MODEL_PATH": "/models/t",
+        "DRAFT_MODEL_PATH": "/models/d",
+        "COMPRESSION_RATIO": "0.5",
+        "MODEL_VERSION": "v7",
+        "QUALITY_THRESHOLD": "0.9",
+        "FALLBACK_STRATEGY": "none",
+        "SLIMSPEC_DTYPE": "float32",
+        "SLIMSPEC_DEVICE": "cpu",
+        "SLIMSPEC_MAX_BATCH_SIZE": "16",
+        "SLIMSPEC_RUNTIME_CONFIGMAP": "svc-runtime",
+        "POD_NAMESPACE": "prod",
+        "PORT": "9000",
+    }
+    cfg = build_config(serve_parser(env).parse_args([]), env)
+    assert cfg.model.target == "/models/t" and cfg.model.draft == "/models/d"
+    assert cfg.model.version == "v7" and cfg.model.dtype == "float32"
+    assert cfg.settings.compression_ratio == 0.5 and cfg.settings.fallback_strategy == "none"
+    assert cfg.scheduler.max_batch_size == 16
+    assert (cfg.runtime_configmap, cfg.namespace) == ("svc-runtime", "prod")
+    args = serve_parser(env).parse_args(["--compression-ratio", "0.1", "--port", "1234"])
+    assert build_config(args, env).settings.compression_ratio == 0.1 and args.port == 1234
+
+
+def test_invalid_values_are_refused() -> None:
+    with pytest.raises(ValueError):
+        build_config(serve_parser({"COMPRESSION_RATIO": "0.99"}).parse_args([]), {})
+    with pytest.raises(ValueError):
+        build_config(serve_parser({}).parse_args(["--max-batch-size", "300"]), {})
+
+
+def test_admin_token_sources(tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    f.write_text("from-file\n")
+    assert read_admin_token({"SLIMSPEC_ADMIN_TOKEN": "env"}) == "env"
+    env = {"SLIMSPEC_ADMIN_TOKEN": "env", "SLIMSPEC_ADMIN_TOKEN_FILE": str(f)}
+    assert read_admin_token(env) == "from-file"
+    assert read_admin_token({"SLIMSPEC_ADMIN_TOKEN": "  "}) is None
+
+
+def test_console_entry_points() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "slimspec", "--help"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "serve" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "slimspec", "nope"], capture_output=True, text=True)
+    assert out.returncode == 2
+    out = subprocess.run(
+        [sys.executable, "-m", "slimspec", "serve", "--compression-ratio", "2"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "compression_ratio" in out.stderr
