@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from slimspec.cli import DEFAULT_DRAFT, DEFAULT_TARGET, build_config, read_admin_token, serve_parser
 
 

@@ -9,7 +9,6 @@ import json
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from slimspec.server import slimspec_pb2
 
 junk = st.one_of(
