@@ -392,6 +392,10 @@ async def tick(
         return None
     auto = view.autoscaling
     scaling = auto.enabled and auto.mode == "operator"
+    interval = view.tuning.interval_seconds - 0.5  # timer jitter
+    if not force and mem.last_tick and (now - mem.last_tick).total_seconds() < interval:
+        return None
+    mem.last_tick = now
     await _reconcile_keda(body, view, mem, kube)
 
     if not (view.tuning.enabled or scaling):
@@ -399,16 +403,7 @@ async def tick(
             await kube.apply_status(ns, name, {})
             mem.active = False
         return None
-    if (
-        not force
-        and mem.last_tick
-        and (now - mem.last_tick).total_seconds()
-        < (
-            view.tuning.interval_seconds - 0.5  # timer jitter
-        )
-    ):
-        return None
-    mem.last_tick, mem.active = now, True
+    mem.active = True
 
     # Replica changes by anyone (us, KEDA, kubectl scale) start the settle window.
     if mem.last_replica_change is None:

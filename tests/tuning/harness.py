@@ -4,6 +4,7 @@ controller as a kopf process, and a recorder of what happened over time."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -95,10 +96,18 @@ def engine_process(
 
 
 def tuner_process(namespace: str, env: dict[str, str], workdir: Path) -> Process:
-    """The tuning handlers in their own kopf operator (standalone, one namespace)."""
+    """The operator (reconciler + tuning handlers) for one namespace.
+
+    Falls back to the tuning handlers alone in a bare kopf process when the
+    operator's entry point is not installed.
+    """
     env = dict(env) | {"SLIMSPEC_TUNING_TICK_SECONDS": "1"}
-    argv = [PYTHON, "-m", "kopf", "run", "--standalone", "--namespace", namespace]
-    argv += ["-m", "slimspec_operator.tuning_handlers"]
+    if importlib.util.find_spec("slimspec_operator.main") is not None:
+        argv = [PYTHON, "-m", "slimspec_operator", "--standalone", "--namespace", namespace]
+        argv += ["--liveness", "", "--metrics-port", "0"]
+    else:
+        argv = [PYTHON, "-m", "kopf", "run", "--standalone", "--namespace", namespace]
+        argv += ["-m", "slimspec_operator.tuning_handlers"]
     return Process(argv, env, workdir / "tuner.log")
 
 
