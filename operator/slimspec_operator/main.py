@@ -41,8 +41,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--peering",
-        default=env("SLIMSPEC_OPERATOR_PEERING", "slimspec-operator"),
-        help="KopfPeering name shared by the replicas (needs kopf's peering CRDs)",
+        default=env("SLIMSPEC_OPERATOR_PEERING") or None,
+        help="(Cluster)KopfPeering object shared by the replicas; then peering is "
+        "mandatory (crds/kopf-peering.yaml). Unset: Kopf's 'default' peering if it exists",
     )
     p.add_argument(
         "--namespace",
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_http_server(args.metrics_port)
     kopf.run(
         standalone=args.standalone,
-        peering_name=None if args.standalone else args.peering,
+        peering_name=None if args.standalone else args.peering,  # None: Kopf decides
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,

@@ -239,7 +239,10 @@ def _rolling(
         p.progressing = Cond(True, "RollingOut", f"{change}: creating Deployment")
         return p
     msg = f"{change}: {new.ready_replicas}/{desired.replicas} new replicas ready"
-    if new.ready_for(desired.replicas) and new.ready_replicas > 0:
+    # An old version with no ready pod serves nobody: any ready new pod is better,
+    # and rolling back to it would help nobody either.
+    old_down = serving.ready_replicas == 0
+    if (new.ready_for(desired.replicas) or old_down) and new.ready_replicas > 0:
         p.actions.append(SwitchService(desired.template_hash))
         p.serving_hash = desired.template_hash
         p.serving_version = desired.version
@@ -250,6 +253,14 @@ def _rolling(
         p.serving_hash = desired.template_hash
         p.serving_version = desired.version
         p.progressing = Cond(True, "TrafficSwitched", msg + " (scaled to zero)")
+    elif _age(new, observed.now) > desired.ready_timeout_s and old_down:
+        p.progressing = Cond(False, "ProgressDeadlineExceeded", msg)
+        p.degraded = Cond(
+            True,
+            "NotReady",
+            f"{msg} after {desired.ready_timeout_s:.0f}s; {serving.version} has no ready "
+            "pods either, so there is nothing to roll back to",
+        )
     elif _age(new, observed.now) > desired.ready_timeout_s:
         p.actions = [a for a in p.actions if not isinstance(a, ApplyDeployment)]
         p.actions.append(DeleteDeployment(new.name))

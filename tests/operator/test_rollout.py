@@ -151,3 +151,17 @@ def test_service_never_selects_a_deployment_without_ready_pods_during_rollout():
         selected = {"aaa": old, "bbb": new}[service]
         assert selected.ready_replicas > 0
     assert service == "bbb"
+
+
+def test_old_version_without_ready_pods_gives_way_to_any_ready_new_pod():
+    down = dep("aaa", "v1", ready=0, age=300)
+    p = plan_rollout(WANT_B, obs(down, dep("bbb", "v2", ready=1, age=5), service="aaa"))
+    assert SwitchService("bbb") in p.actions
+
+
+def test_no_rollback_to_a_version_without_ready_pods():
+    down = dep("aaa", "v1", ready=0, age=300)
+    p = plan_rollout(WANT_B, obs(down, dep("bbb", "v2", ready=0, age=61), service="aaa"))
+    assert DeleteDeployment("chat-bbb") not in p.actions and p.failed_hash is None
+    assert p.degraded.status and p.degraded.reason == "NotReady"
+    assert p.progressing.reason == "ProgressDeadlineExceeded"
