@@ -1,0 +1,150 @@
+"""Compressed head: ratio arithmetic, activation-aware fit, calibration artifact round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from slimspec import SpeculativeDecoder
+from slimspec.artifact import find_artifact, load_artifact, ranking_from_counts, save_artifact
+from slimspec.calibrate import calibrate, main
+from slimspec.head import DraftHead, HeadConfig, check_ratio, fit_activation_aware
+
+from tests.engine.helpers import prompts, target_greedy
+from tests.support.tiny_models import TINY_VOCAB
+
+
+@pytest.mark.parametrize("bad", [-0.01, 0.951, 1.0, "0.3", True, None, float("nan")])
+def test_ratio_out_of_range_is_a_value_error(bad):
+    with pytest.raises(ValueError, match="compression_ratio"):
+        check_ratio(bad)
+
+
+def test_head_config_cost_and_ratio():
+    d, v = 100, 1000
+    assert HeadConfig(v, None).ratio(d, v) == 0.0
+    assert HeadConfig(200, None).ratio(d, v) == pytest.approx(0.8)
+    assert HeadConfig(1000, 10).ratio(d, v) == pytest.approx(1 - 10 * 1100 / 100_000)
+
+
+def test_subset_logits_are_the_full_logits_of_ranked_tokens():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 8, generator=g)
+    ranking = torch.randperm(50, generator=g)
+    head = DraftHead(w, ranking)
+    h = torch.randn(3, 8, generator=g)
+    cfg = HeadConfig(20, None)
+    full = h @ w.T
+    assert torch.allclose(head.logits(h, cfg), full[:, head.token_ids(cfg)], atol=1e-5)
+
+
+def _agreement(w, a, b, h):
+    return ((h @ w.T).argmax(1) == ((h @ a.T) @ b.T).argmax(1)).float().mean().item()
+
+
+def test_activation_aware_fit_beats_plain_svd():
+    g = torch.Generator().manual_seed(1)
+    d, v, n = 64, 400, 4000
+    w = torch.randn(v, d, generator=g)
+    # Hidden states live mostly in a few directions that are NOT W's top singular directions.
+    basis = torch.linalg.qr(torch.randn(d, d, generator=g))[0]
+    scales = torch.cat([torch.full((6,), 10.0), torch.full((d - 6,), 0.05)])
+    h = (torch.randn(n, d, generator=g) * scales) @ basis.T
+    a, b = fit_activation_aware(w, h[: n // 2], max_rank=8)
+    u, s, vh = torch.linalg.svd(w, full_matrices=False)
+    plain_a, plain_b = vh[:8], u[:, :8] * s[:8]
+    aa = _agreement(w, a, b, h[n // 2 :])
+    plain = _agreement(w, plain_a, plain_b, h[n // 2 :])
+    assert aa > 0.9, aa
+    assert aa > plain + 0.3, (aa, plain)
+    # nested ranks: a prefix of the factors is the fit for a smaller rank
+    assert _agreement(w, a[:6], b[:, :6], h[n // 2 :]) > 0.85
+
+
+def test_ranking_puts_special_tokens_first_then_frequency():
+    from collections import Counter
+
+    r = ranking_from_counts(Counter({5: 10, 3: 7, 9: 7}), 12, first=[1, 5])
+    assert r.tolist()[:5] == [1, 5, 3, 9, 0]
+    assert sorted(r.tolist()) == list(range(12))
+
+
+@torch.inference_mode()
+def _self_generated_corpus(model, n_seqs=6, length=96, seed=0):
+    """Token streams sampled from the target itself (the 'target's own generations' corpus)."""
+    torch.manual_seed(seed)
+    start = torch.randint(3, TINY_VOCAB, (n_seqs, 2))
+    out = model.generate(
+        start,
+        attention_mask=torch.ones_like(start),
+        do_sample=True,
+        top_k=0,
+        max_new_tokens=length,
+        min_new_tokens=length,
+        pad_token_id=0,
+    )
+    return out.flatten().tolist()
+
+
+@pytest.fixture(scope="module")
+def tiny_artifact(tiny_llama_pair):
+    target, draft = tiny_llama_pair
+    corpus = _self_generated_corpus(target, seed=0)
+    held_out = _self_generated_corpus(target, seed=1)
+    return calibrate(draft, corpus, held_out, target=target, seq_len=64, log=lambda m: None)
+
+
+def test_calibration_table_and_round_trip(tiny_artifact, tmp_path):
+    art = tiny_artifact
+    assert art.a is not None and art.b is not None
+    ratios = [row["compression_ratio"] for row in art.table]
+    assert ratios[0] == 0.0 and ratios == sorted(ratios)
+    first = art.table[0]
+    assert first["subset_size"] == TINY_VOCAB and first["rank"] is None and first["kept"] == 1.0
+    assert all(row["head_ratio"] >= row["compression_ratio"] - 1e-9 for row in art.table)
+    assert any(c["rank"] is not None for c in art.candidates)
+    save_artifact(art, tmp_path / "cal")
+    back = load_artifact(tmp_path / "cal")
+    assert torch.equal(back.ranking, art.ranking)
+    assert torch.allclose(back.a, art.a) and torch.allclose(back.b, art.b)
+    assert back.table == art.table and back.candidates == art.candidates
+    for r in (0.0, 0.3, 0.7, 0.95):
+        assert back.config_for(r, 64) == art.config_for(r, 64)
+
+
+def test_decoder_with_artifact_low_rank_head_is_exact(tiny_llama_pair, tiny_artifact, tmp_path):
+    target, draft = tiny_llama_pair
+    art = tiny_artifact
+    # Force low-rank heads: keep only low-rank candidates.
+    art_lr = type(art)(
+        art.ranking, art.a, art.b, [c for c in art.candidates if c["rank"]], [], art.meta
+    )
+    save_artifact(art_lr, tmp_path / "lr")
+    dec = SpeculativeDecoder.from_models(
+        target, draft, compression_ratio=0.5, num_draft_tokens=3, calibration=tmp_path / "lr"
+    )
+    assert dec.head_config().rank is not None
+    for p in prompts(2, TINY_VOCAB, seed=12):
+        assert dec.generate(p, 20, stop_token_ids=[]).output_ids == target_greedy(target, p, 20)
+    # switching the ratio is a slice: same tensors, new config
+    before = dec.head.a.data_ptr()
+    dec.set_compression_ratio(0.9)
+    assert dec.head_config().cost(64) < HeadConfig(TINY_VOCAB, None).cost(64) * 0.11
+    assert dec.head.a.data_ptr() == before
+
+
+def test_artifact_found_next_to_draft(tmp_path, tiny_artifact):
+    assert find_artifact(tmp_path) is None
+    save_artifact(tiny_artifact, tmp_path / "slimspec-calibration")
+    assert find_artifact(tmp_path) == tmp_path / "slimspec-calibration"
+
+
+def test_artifact_for_another_vocabulary_is_rejected(tiny_llama_pair, tiny_artifact):
+    target, draft = tiny_llama_pair
+    wrong = type(tiny_artifact)(torch.arange(TINY_VOCAB - 1), None, None, [], [], {})
+    with pytest.raises(ValueError, match="calibration artifact ranks"):
+        SpeculativeDecoder.from_models(target, draft, calibration=wrong)
+
+
+def test_calibrate_cli_missing_draft(tmp_path, capsys):
+    assert main(["--draft", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
