@@ -143,13 +143,9 @@ def calibrate(
     h_fit = final_hidden(draft, fit_seqs)
     h_eval = final_hidden(draft, eval_seqs)
     ref_source = "target" if target is not None else "draft_full_head"
-    if target is not None:
-        ref = greedy_next(target, eval_seqs)
-    else:
-        ref = (h_eval @ w.T).argmax(dim=1)
-    log(
-        f"hidden states: fit {tuple(h_fit.shape)}, eval {tuple(h_eval.shape)}; reference = {ref_source}"
-    )
+    # reference token: the target's greedy choice, else the full draft head's
+    ref = greedy_next(target, eval_seqs) if target is not None else (h_eval @ w.T).argmax(1)
+    log(f"hidden: fit {tuple(h_fit.shape)}, eval {tuple(h_eval.shape)}; reference {ref_source}")
 
     ranks = candidate_ranks(hidden)
     n_lr = min(vocab, lowrank_rows)
