@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -116,7 +117,8 @@ class ConfigMapWatcher:
             try:
                 config.load_incluster_config()
             except config.ConfigException:
-                config.load_kube_config()
+                # read KUBECONFIG now: the client's default path is fixed at its import
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
             self._api = client.CoreV1Api()
         return self._api
 
