@@ -6,7 +6,6 @@ import time
 
 import httpx
 import pytest
-
 from slimspec.server.service import ModelRef
 
 pytestmark = pytest.mark.cluster
