@@ -201,7 +201,10 @@ class Metrics:
                 self._window.popleft()
             acc = sum(a for a, _ in self._window)
             ver = sum(v for _, v in self._window)
-            self.mean_accepted.set((acc + ver) / ver)
+            recent = getattr(stats, "recent_mean_accepted_length", None)  # the decoder's own window
+            self.mean_accepted.set(
+                recent if isinstance(recent, float) and recent > 0 else (acc + ver) / ver
+            )
         for reason, count in fallback_counts(stats).items():
             k = f"fallbacks:{reason}"
             d = count - last.get(k, 0.0)

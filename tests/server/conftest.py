@@ -57,6 +57,7 @@ class TinyModels:
             "tiny-b-draft": noisy_copy(b, noise=0.3, seed=12),
         }
         self.loads: list[ModelRef] = []
+        self.load_delay_s: dict[str, float] = {}  # target name -> extra seconds (slow loads)
 
     def loader(self, ref: ModelRef) -> Any:
         import copy
@@ -65,6 +66,7 @@ class TinyModels:
         from slimspec.server.loading import has_draft
 
         self.loads.append(ref)
+        time.sleep(self.load_delay_s.get(ref.target, 0.0))
         if ref.target not in self.models:
             raise FileNotFoundError(f"no such model {ref.target!r}")
         # each engine gets its own copies: a swap must really hold two models

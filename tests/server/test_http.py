@@ -227,3 +227,42 @@ def test_drain_then_503(make_server, auth) -> None:  # type: ignore[no-untyped-d
         r = post(base, "/infer", json={"input": "hi", "max_length": 2})
         assert r.status_code == 503 and "Retry-After" in r.headers
         assert httpx.get(f"{base}/healthz").status_code == 200
+
+
+def test_openapi_spec_lists_the_api(server: str) -> None:
+    spec = httpx.get(f"{server}/openapi.json").json()
+    for path in ("/infer", "/v1/completions", "/v1/chat/completions", "/v1/models", "/readyz"):
+        assert path in spec["paths"], path
+    body = spec["paths"]["/infer"]["post"]["requestBody"]["content"]
+    assert {"application/json", PB} <= set(body)
+
+
+def test_unknown_route_and_method(server: str) -> None:
+    r = httpx.get(f"{server}/nope")
+    assert r.status_code == 404 and r.json()["error"]["message"]
+    assert httpx.get(f"{server}/infer").status_code == 405
+
+
+def test_swap_in_background_is_not_ready_meanwhile(make_server, auth, tiny) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    tiny.load_delay_s["tiny-b"] = 1.0
+    with make_server(model=_target_only()) as base:
+        body = {"target": "tiny-b", "draft": "none", "version": "v2", "wait": False}
+        r = httpx.post(f"{base}/admin/swap", json=body, headers=auth, timeout=30)
+        assert r.status_code == 202
+        codes = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready = httpx.get(f"{base}/readyz")
+            codes.append(ready.status_code)
+            if ready.status_code == 200 and ready.json()["model_version"] == "v2":
+                break
+            time.sleep(0.01)
+        tiny.load_delay_s.clear()
+        assert 503 in codes and codes[-1] == 200
+        # in-flight and new requests were served throughout; now the new version answers
+        assert (
+            post(base, "/infer", json={"input": "hi", "max_length": 2}).json()["model_version"]
+            == "v2"
+        )
