@@ -30,6 +30,16 @@ def load_handlers() -> list[str]:
     return loaded
 
 
+class _QuietRoutine(logging.Filter):
+    """Drop Kopf's per-tick success lines of our routine triggers (timer, Deployment
+    events); they would log every few seconds per resource. Failures still show."""
+
+    ROUTINE = ("Timer 'on_timer' succeeded", "Handler 'on_deployment' succeeded")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.ROUTINE)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="slimspec-operator", description=__doc__)
@@ -73,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        logging.getLogger("kopf.objects").addFilter(_QuietRoutine())
     loaded = load_handlers()
     logging.getLogger("slimspec_operator").info("handlers: %s", ", ".join(loaded))
     if args.metrics_port:

@@ -234,6 +234,9 @@ def _rolling(
     p.serving_version = serving.version
     p.rollout_version = desired.version
     change = f"{serving.version} -> {desired.version}"
+    if serving.version == desired.version:  # image, resources, ... or an operator upgrade
+        change = f"{desired.version} (pod template {serving.template_hash} -> "
+        change += f"{desired.template_hash})"
     if new is None:
         p.events.append(Event("Normal", "RolloutStarted", f"rolling out {change}"))
         p.progressing = Cond(True, "RollingOut", f"{change}: creating Deployment")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.support.cluster import KubeCluster, PodDriver
@@ -78,11 +79,12 @@ def test_create_builds_objects_with_owner_refs_and_delete_collects_them(
 
     # the engines' identity can read its ConfigMap and nothing else
     token = kube_cluster.service_account_token(namespace, "chat-engine", create=False)
-    from kubernetes import client
-
     with kube_cluster.api_client(token) as engine_api:
         core = client.CoreV1Api(engine_api)
         assert core.read_namespaced_config_map("chat-runtime", namespace).data
+        # the engine's watcher lists+watches with a field selector (resourceNames allow it)
+        sel = "metadata.name=chat-runtime"
+        assert len(core.list_namespaced_config_map(namespace, field_selector=sel).items) == 1
         with pytest.raises(ApiException) as denied:
             core.read_namespaced_config_map("kube-root-ca.crt", namespace)
         assert denied.value.status == 403

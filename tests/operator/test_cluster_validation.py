@@ -118,3 +118,37 @@ def test_valid_minimal_spec_accepted_with_defaults(
     assert spec["qualityControl"] == {"threshold": 0.95, "fallbackStrategy": "auto"}
     assert spec["autoscaling"]["mode"] == "operator" and spec["tuning"]["enabled"] is False
     assert spec["rollout"]["readyTimeoutSeconds"] == 600
+
+
+def test_built_manifests_pass_api_server_validation(
+    kube_cluster: KubeCluster, operator_kubeconfig: object, namespace: str
+):
+    """Every builder's output, for a huggingface target (init container + cache) and
+    a CPU-only pod, is accepted by the real API server (server-side dry run)."""
+    from slimspec_operator import manifests as m
+    from slimspec_operator.spec import SlimSpecService
+
+    body = sample(
+        resources={"gpu": 0, "memory": "2Gi", "cpu": "500m"},
+        service={"port": 80, "type": "NodePort"},
+    )
+    body["spec"]["model"]["target"] = {
+        "source": "huggingface",
+        "huggingface": {"id": "Qwen/Qwen2.5-1.5B-Instruct", "revision": "main"},
+    }
+    body["metadata"].update(namespace=namespace, uid="0b3e2c1a-0000-4000-8000-000000000001")
+    svc = SlimSpecService.from_body(body)
+    objs = [
+        m.deployment(svc, 2),
+        m.service(svc, m.desired_template_hash(svc)),
+        m.runtime_configmap(svc),
+        m.service_account(svc),
+        m.role(svc),
+        m.role_binding(svc),
+        m.admin_secret(svc, "t0ken"),
+    ]
+    for obj in objs:
+        out = kube_cluster.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj), check=False
+        )
+        assert out.returncode == 0, f"{obj['kind']}: {out.stderr}"

@@ -165,3 +165,10 @@ def test_no_rollback_to_a_version_without_ready_pods():
     assert DeleteDeployment("chat-bbb") not in p.actions and p.failed_hash is None
     assert p.degraded.status and p.degraded.reason == "NotReady"
     assert p.progressing.reason == "ProgressDeadlineExceeded"
+
+
+def test_template_change_without_version_change_is_a_rollout_too():
+    same_version = Desired("bbb", "v1", 2, 60)
+    p = plan_rollout(same_version, obs(dep("aaa", "v1", ready=2), service="aaa"))
+    assert p.actions == [ApplyDeployment(2)]
+    assert "pod template aaa -> bbb" in p.events[0].message
