@@ -71,8 +71,12 @@ def operator_kubeconfig(kube_cluster: KubeCluster) -> Path:
 class OperatorProcess:
     """`python -m slimspec_operator --standalone -n <ns>` with fast timers."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, namespace: str | None, log: Path, extra: tuple[str, ...] = ()
+    ) -> None:
+        """namespace=None: cluster-wide. extra: more CLI flags (replacing --standalone)."""
         self.kubeconfig, self.namespace, self.log_path = kubeconfig, namespace, log
+        self.extra = extra
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -89,9 +93,8 @@ class OperatorProcess:
             sys.executable,
             "-m",
             "slimspec_operator",
-            "--standalone",
-            "--namespace",
-            self.namespace,
+            *(self.extra or ("--standalone",)),
+            *(("--namespace", self.namespace) if self.namespace else ()),
             "--metrics-port",
             str(self.metrics_port),
             "--liveness",
