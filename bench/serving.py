@@ -1,0 +1,308 @@
+"""Serving benchmark: batching off vs on, 1/4/8/16 concurrent clients, real model pair.
+
+One process loads the pair once and serves it over real HTTP on loopback (uvicorn
+in a thread); closed-loop clients (httpx, asyncio) send /infer requests for a fixed
+window per configuration. Requests still running when a window ends are abandoned
+(the client disconnects, the server cancels them) and counted apart, so every run
+is bounded in time. Batching "off" is max_batch_size=1 (one request at a time);
+"on" is max_batch_size=16. The seed's before/after table compares target-only
+decoding one at a time (before) with speculative decoding + batching (after) at 8
+clients.
+
+    .venv/bin/python bench/serving.py --window 30 --max-new-tokens 24
+writes bench/results/serving.json and serving.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "import json\n\ndef load_config(path):",
+    "class Stack:\n    def __init__(self):",
+    "Explain what a hash map is in one sentence.",
+    "def quicksort(items):",
+    "# Read a CSV file and print the sum of the second column\n",
+    "Hello, world!",
+]
+
+
+@dataclass
+class RunResult:
+    mode: str
+    clients: int
+    completed: int
+    abandoned: int
+    rejected: int
+    window_s: float
+    qps: float
+    tokens_per_s: float
+    p50_s: float | None
+    p95_s: float | None
+    p99_s: float | None
+    mean_latency_s: float | None
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+async def run_clients(base: str, clients: int, window_s: float, max_new: int) -> dict[str, Any]:
+    lat: list[float] = []
+    toks = 0
+    abandoned = rejected = 0
+    end = time.monotonic() + window_s
+
+    async def client(i: int) -> None:
+        nonlocal toks, abandoned, rejected
+        n = 0
+        async with httpx.AsyncClient(timeout=None) as http:
+            while (left := end - time.monotonic()) > 0:
+                prompt = PROMPTS[(i + n * clients) % len(PROMPTS)]
+                n += 1
+                t0 = time.monotonic()
+                try:
+                    r = await asyncio.wait_for(
+                        http.post(f"{base}/infer", json={"input": prompt, "max_length": max_new}),
+                        timeout=left,
+                    )
+                except TimeoutError:
+                    abandoned += 1
+                    return
+                if r.status_code == 429:
+                    rejected += 1
+                    await asyncio.sleep(0.2)
+                    continue
+                r.raise_for_status()
+                lat.append(time.monotonic() - t0)
+                toks += r.json()["completion_tokens"]
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return {
+        "lat": lat,
+        "toks": toks,
+        "abandoned": abandoned,
+        "rejected": rejected,
+        "elapsed": time.monotonic() - t0,
+    }
+
+
+def measure(base: str, mode: str, clients: int, window_s: float, max_new: int) -> RunResult:
+    raw = asyncio.run(run_clients(base, clients, window_s, max_new))
+    lat, el = raw["lat"], raw["elapsed"]
+    res = RunResult(
+        mode=mode,
+        clients=clients,
+        completed=len(lat),
+        abandoned=raw["abandoned"],
+        rejected=raw["rejected"],
+        window_s=round(el, 2),
+        qps=round(len(lat) / el, 4),
+        tokens_per_s=round(raw["toks"] / el, 3),
+        p50_s=percentile(lat, 50),
+        p95_s=percentile(lat, 95),
+        p99_s=percentile(lat, 99),
+        mean_latency_s=statistics.fmean(lat) if lat else None,
+    )
+    print(json.dumps(res.__dict__), flush=True)
+    return res
+
+
+def start_server(cfg: Any) -> tuple[str, Any, Any]:
+    import uvicorn
+    from slimspec.server.app import create_app
+
+    app = create_app(cfg)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True).start()
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    while True:
+        try:
+            r = httpx.get(f"{base}/readyz", timeout=5)
+            if r.status_code == 200:
+                return base, app, server
+            if r.json().get("status") == "failed":
+                raise SystemExit(r.text)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+
+
+def set_batch(app: Any, size: int) -> None:
+    """In-process switch of the scheduler's batch limit (the bench owns the process)."""
+    service = app.state.service
+    service.sched_config = replace(service.sched_config, max_batch_size=size)
+    service.current.scheduler.config = service.sched_config
+
+
+def plot(results: list[RunResult], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, style in (("speculative, batching off", "o--"), ("speculative, batching on", "o-")):
+        rs = [r for r in results if r.mode == mode]
+        xs = [r.clients for r in rs]
+        a.plot(xs, [r.tokens_per_s for r in rs], style, label=mode)
+        b.plot(xs, [r.p99_s or 0 for r in rs], style, label=mode)
+    a.set(xlabel="concurrent clients", ylabel="aggregate tokens/s", title="Throughput")
+    b.set(xlabel="concurrent clients", ylabel="p99 latency (s)", title="p99 latency")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--clients", default="1,4,8,16")
+    p.add_argument("--window", type=float, default=30.0, help="seconds per configuration")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--batch-on", type=int, default=16)
+    p.add_argument("--no-baseline", action="store_true", help="skip the target-only runs")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.clients.split(",")]
+
+    from slimspec.batching import SchedulerConfig
+    from slimspec.server.app import ServerConfig
+    from slimspec.server.baseline import TargetOnlyEngine
+    from slimspec.server.loading import default_loader, has_draft
+    from slimspec.server.service import Limits, ModelRef
+
+    loaded: dict[str, Any] = {}
+
+    def loader(ref: ModelRef) -> Any:
+        # the target-only baseline reuses the decoder's target weights: one load for all runs
+        if not has_draft(ref):
+            dec = loaded["spec"]
+            return TargetOnlyEngine(dec.target, dec.tokenizer)
+        loaded["spec"] = default_loader(ref)
+        return loaded["spec"]
+
+    cfg = ServerConfig(
+        model=ModelRef(args.target, args.draft, "bench", args.dtype, "cpu"),
+        scheduler=SchedulerConfig(max_batch_size=1, max_queue=256, batch_wait_s=0.01),
+        limits=Limits(request_timeout_s=3600),
+        loader=loader,
+        enable_gpu_metrics=False,
+    )
+    t0 = time.monotonic()
+    base, app, _server = start_server(cfg)
+    print(f"loaded and warmed in {time.monotonic() - t0:.0f}s", flush=True)
+
+    results: list[RunResult] = []
+    for size, mode in (
+        (1, "speculative, batching off"),
+        (args.batch_on, "speculative, batching on"),
+    ):
+        set_batch(app, size)
+        for c in levels:
+            results.append(measure(base, mode, c, args.window, args.max_new_tokens))
+    baseline: list[RunResult] = []
+    if not args.no_baseline:
+        app.state.service.swap(replace(cfg.model, draft="none", version="target-only"))
+        set_batch(app, 1)
+        for c in (1, 8):
+            baseline.append(
+                measure(base, "target-only, batching off", c, args.window, args.max_new_tokens)
+            )
+
+    def find(mode: str, c: int) -> RunResult | None:
+        return next((r for r in results + baseline if r.mode == mode and r.clients == c), None)
+
+    on8, off8, off1 = (
+        find("speculative, batching on", 8),
+        find("speculative, batching off", 8),
+        find("speculative, batching off", 1),
+    )
+    before = find("target-only, batching off", 8) or find("target-only, batching off", 1)
+    summary: dict[str, Any] = {
+        "throughput_gain_8_clients": round(on8.tokens_per_s / off8.tokens_per_s, 3)
+        if on8 and off8 and off8.tokens_per_s
+        else None,
+        "throughput_gain_8_clients_vs_one_client": round(on8.tokens_per_s / off1.tokens_per_s, 3)
+        if on8 and off1 and off1.tokens_per_s
+        else None,
+        "p99_latency_s_8_clients": on8.p99_s if on8 else None,
+    }
+    if before and on8:
+        summary["seed_table"] = {
+            "columns": [
+                "metric",
+                "before (target-only, one at a time)",
+                "after (speculative + batching)",
+                "improvement",
+            ],
+            "rows": [
+                [
+                    "mean latency (ms)",
+                    round((before.mean_latency_s or 0) * 1000),
+                    round((on8.mean_latency_s or 0) * 1000),
+                    f"{100 * (1 - (on8.mean_latency_s or 0) / (before.mean_latency_s or 1)):.1f}%",
+                ],
+                [
+                    "QPS",
+                    before.qps,
+                    on8.qps,
+                    f"{100 * (on8.qps / before.qps - 1):.0f}%" if before.qps else None,
+                ],
+                ["tokens/s", before.tokens_per_s, on8.tokens_per_s, None],
+            ],
+            "clients": 8,
+        }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        **summary,
+        "settings": {
+            "target": args.target,
+            "draft": args.draft,
+            "dtype": args.dtype,
+            "device": "cpu",
+            "window_s": args.window,
+            "max_new_tokens": args.max_new_tokens,
+            "batch_on": args.batch_on,
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "note": "shared 2-core machine; other jobs may have run concurrently",
+        },
+        "runs": [r.__dict__ for r in results + baseline],
+    }
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    plot(results, out.with_suffix(".png"))
+    print(json.dumps(summary, indent=2))
+    app.state.service.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
