@@ -131,7 +131,7 @@ class _Row:
     n_prompt: int
     draft_seen: int
     stats: RequestStats = field(default_factory=RequestStats)
-    gen: torch.Generator | None = None
+    seed: int | None = None  # sampling rows only; randomness is keyed by (seed, position)
     est: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
 
     @property
@@ -549,12 +549,12 @@ class SpeculativeDecoder:
         elapsed = time.perf_counter() - t0
         self.stats.prefill_time_s += elapsed
         for req, p in zip(reqs, prompts, strict=True):
-            gen = None
+            seed = None
             if not req.sampling.greedy:
-                gen = torch.Generator(device="cpu")
                 seed = req.sampling.seed
-                gen.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
-            row = _Row(req, p, len(p), draft_seen=len(p) - 1, gen=gen)
+                if seed is None:
+                    seed = int.from_bytes(os.urandom(8), "little")
+            row = _Row(req, p, len(p), draft_seen=len(p) - 1, seed=seed)
             row.stats.prefill_time_s = elapsed
             self._rows.append(row)
 
@@ -632,7 +632,7 @@ class SpeculativeDecoder:
                 idx = logits.argmax(dim=-1)
             else:
                 q = S.warp_probs(logits, temp, top_k, top_p)
-                u = self._uniforms(rows, 1)[:, 0]
+                u = self._uniforms(rows, j, 1, S.STREAM_DRAFT)[:, 0]
                 idx = S.sample_from_probs(q, u)
                 q_subs.append(q)
             tok = subset_ids[idx]
@@ -666,14 +666,20 @@ class SpeculativeDecoder:
             q_full = torch.zeros(b, k, self.target_vocab, dtype=torch.float32, device=dev)
             for j, qs in enumerate(q_subs):
                 q_full[:, j].index_copy_(1, subset_ids, qs.float())
-            u = self._uniforms(rows, k + 1)
-            num_acc, next_tok = S.verify_rejection(p, q_full, draft_tokens, u[:, :k], u[:, k])
+            u_acc = self._uniforms(rows, 0, k, S.STREAM_ACCEPT)
+            u_res = self._uniforms(rows, 0, k + 1, S.STREAM_RESIDUAL)
+            num_acc, next_tok = S.verify_rejection(p, q_full, draft_tokens, u_acc, u_res)
             t_argmax = t_logits.argmax(dim=-1) if shadow else None
         self._sync()
         t2 = time.perf_counter()
 
+        # A sampling row that accepted all k drafts emits no bonus token: every token it
+        # emits then comes from the same position-keyed draft/accept/residual draw, so a
+        # seeded output does not depend on k (exactness holds either way). Its last
+        # draft becomes the next step's first input, so the target drops that slot.
+        bonus = torch.tensor([r.seed is None for r in rows], device=dev) | (num_acc < k)
         # ---- roll back: target keeps x_last + accepted; draft keeps pending + accepted drafts
-        self._kv_t.invalidate_tail(target_len_before, num_acc + 1)
+        self._kv_t.invalidate_tail(target_len_before, num_acc + bonus.long())
         self._kv_d.invalidate_tail(draft_len_before + p_len, num_acc)
         draft_s, target_s = t1 - t0, t2 - t1
         self._update_timing(draft_s, target_s, k)
@@ -683,11 +689,12 @@ class SpeculativeDecoder:
         outputs: list[StepOutput] = []
         keep: list[int] = []
         acc_list, next_list, draft_list = num_acc.tolist(), next_tok.tolist(), draft_tokens.tolist()
+        bonus_list = bonus.tolist()
         for i, r in enumerate(rows):
             a = acc_list[i]
             old_len = len(r.seq)
             r.draft_seen = old_len + min(a, k - 1)
-            emitted = [*draft_list[i][:a], next_list[i]]
+            emitted = draft_list[i][:a] + ([next_list[i]] if bonus_list[i] else [])
             record_request_verification(r.stats, k, a)
             self.stats.record_verification(k, a)
             r.est.update(a, k)
@@ -725,11 +732,13 @@ class SpeculativeDecoder:
             return out, "length"
         return out, None
 
-    def _uniforms(self, rows: list[_Row], n: int) -> torch.Tensor:
-        u = torch.zeros(len(rows), n)
+    def _uniforms(self, rows: list[_Row], offset: int, n: int, stream: int) -> torch.Tensor:
+        """(B, n) uniforms for positions len(seq)+offset .. +n-1 of each sampling row."""
+        u = torch.zeros(len(rows), n, dtype=torch.float64)
         for i, r in enumerate(rows):
-            if r.gen is not None:
-                u[i] = torch.rand(n, generator=r.gen)
+            if r.seed is not None:
+                base = len(r.seq) + offset
+                u[i] = torch.tensor([S.uniform(r.seed, base + j, stream) for j in range(n)])
         return u.to(self.device)
 
     def _update_timing(self, draft_s: float, target_s: float, k: int) -> None:

@@ -97,7 +97,8 @@ def verify_rejection(
     p: (B, k+1, V) target probabilities (warped); q: (B, k, V) the distribution
     each draft token was actually sampled from, over the full vocabulary (zero
     outside a compressed head's subset); draft_tokens: (B, k); u_accept: (B, k);
-    u_sample: (B,). Returns (num_accepted (B,), next_token (B,)).
+    u_sample: (B,) or (B, k+1) (one per position; the one at the first rejection, or
+    at k for the bonus, is used). Returns (num_accepted (B,), next_token (B,)).
     """
     b, k = draft_tokens.shape
     idx = draft_tokens.unsqueeze(-1)
@@ -113,8 +114,34 @@ def verify_rejection(
     mass = residual.sum(dim=-1, keepdim=True)
     # p == q numerically (only reachable through rounding): fall back to p itself
     dist = torch.where(mass > 1e-12, residual, p_next)
+    if u_sample.dim() == 2:
+        u_sample = u_sample.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
     next_token = sample_from_probs(dist, u_sample)
     return num_accepted, next_token
+
+
+_MASK64 = (1 << 64) - 1
+
+# Streams of position-keyed uniforms (see uniform()).
+STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, position: int, stream: int) -> float:
+    """A uniform in [0, 1) keyed by (seed, absolute token position, stream).
+
+    Keying randomness by position (not by call order) makes a seeded request's
+    output independent of k, of adaptive timing and of what else is in the batch:
+    each emitted token is decided by the same three numbers whatever the schedule.
+    """
+    x = _splitmix64((seed & _MASK64) ^ _splitmix64(position * 4 + stream))
+    return (x >> 11) * (1.0 / (1 << 53))
 
 
 def sampling_tensors(

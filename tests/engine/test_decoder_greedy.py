@@ -6,7 +6,7 @@ import threading
 
 import pytest
 from slimspec import SpeculativeDecoder
-from slimspec.types import GenerationRequest
+from slimspec.types import GenerationRequest, SamplingParams
 
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB, tiny_pair
@@ -111,6 +111,8 @@ def test_kv_rollback_keeps_exactly_the_sequence(tiny_weak_pair):
     ps = prompts(3, TINY_VOCAB, seed=2, lengths=(3, 8, 1))
     for i, p in enumerate(ps):
         dec.add_request(_req(i, p, 40))
+    sp = SamplingParams(temperature=1.0, seed=3)  # sampling rows drop the bonus when all accept
+    dec.add_request(GenerationRequest("s", ps[0], 40, sp))
     rejected_any = False
     while dec.has_work():
         dec.step()

@@ -103,6 +103,22 @@ def test_seeded_runs_reproduce(tiny_llama_pair):
     assert a != c
 
 
+def test_seeded_output_independent_of_k_and_batch(tiny_llama_pair):
+    """Randomness is keyed by (seed, position): the schedule does not change a seeded output."""
+    target, draft = tiny_llama_pair
+    sp = SamplingParams(temperature=1.0, seed=77)
+    outs = []
+    for k in (1, 2, 5, None):
+        dec = SpeculativeDecoder.from_models(
+            target, draft, compression_ratio=0.3, num_draft_tokens=k
+        )
+        others = [GenerationRequest(f"o{i}", [9 + i] * (i + 1), 7 + i) for i in range(k or 3)]
+        mine = GenerationRequest("mine", [5, 9, 11], 30, sp)
+        res = dec.generate_batch([*others, mine])
+        outs.append(res[-1].output_ids)
+    assert all(o == outs[0] for o in outs), outs
+
+
 def test_mixed_greedy_and_sampling_batch(tiny_llama_pair):
     from tests.engine.helpers import target_greedy
 

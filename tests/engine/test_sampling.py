@@ -77,6 +77,8 @@ def _wrong_rule(p, q, draft_tokens, u_accept, u_sample):
     q_d = q.gather(-1, idx).squeeze(-1)
     acc = torch.cumprod((u_accept * q_d < p_d).int(), dim=1).sum(dim=1)
     rows = torch.arange(b)
+    if u_sample.dim() == 2:
+        u_sample = u_sample.gather(1, acc.unsqueeze(1)).squeeze(1)
     return acc, S.sample_from_probs(p[rows, acc], u_sample)
 
 
