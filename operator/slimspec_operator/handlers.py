@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -59,7 +59,8 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
 
             def emit(type_: str, reason: str, message: str) -> None:
                 logger.info(f"{reason}: {message}")
-                kopf.event(fresh, type=type_, reason=reason, message=message)
+                raw = cast(kopf.RawBody, fresh)
+                kopf.event(kopf.Body(raw), type=type_, reason=reason, message=message)
 
             reconcile(kube(), fresh, now(), emit)
             RECONCILE_TOTAL.labels("ok").inc()

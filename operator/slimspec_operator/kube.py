@@ -95,7 +95,7 @@ class Kube:
 
     # ------------------------------------------------------------ generic verbs
 
-    def apply(self, manifest: Mapping[str, Any], subresource: str | None = None) -> dict:
+    def apply(self, manifest: Mapping[str, Any], subresource: str | None = None) -> dict[str, Any]:
         meta = manifest["metadata"]
         path = _path(manifest["kind"], meta["namespace"], meta["name"], subresource)
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
@@ -103,12 +103,12 @@ class Kube:
 
     def merge_patch(
         self, kind: str, namespace: str, name: str, patch: Any, subresource: str | None = None
-    ) -> dict:
+    ) -> dict[str, Any]:
         path = _path(kind, namespace, name, subresource)
         query = [("fieldManager", FIELD_MANAGER)]
         return self.request("PATCH", path, patch, query, "application/merge-patch+json")
 
-    def create(self, manifest: Mapping[str, Any]) -> dict | None:
+    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists (create-once objects such as the admin Secret)."""
         meta = manifest["metadata"]
         try:
@@ -118,7 +118,7 @@ class Kube:
                 return None
             raise
 
-    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.request("GET", _path(kind, namespace, name))
         except ApiError as e:
@@ -126,7 +126,7 @@ class Kube:
                 return None
             raise
 
-    def list(self, kind: str, namespace: str, selector: str) -> list[dict]:
+    def list_objects(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         out = self.request("GET", _path(kind, namespace), query=[("labelSelector", selector)])
         return list(out.get("items") or [])
 
@@ -143,11 +143,11 @@ class Kube:
 
     # ------------------------------------------------------------ domain reads
 
-    def owned_deployments(self, namespace: str, name: str, uid: str) -> list[dict]:
+    def owned_deployments(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         selector = f"{INSTANCE_LABEL}={name},{MANAGED_BY_LABEL}={MANAGER}"
         return [
             d
-            for d in self.list("Deployment", namespace, selector)
+            for d in self.list_objects("Deployment", namespace, selector)
             if any(
                 ref.get("uid") == uid and ref.get("controller")
                 for ref in d["metadata"].get("ownerReferences") or []
