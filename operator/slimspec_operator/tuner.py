@@ -12,7 +12,8 @@ latency) but may cost acceptance; a smaller one is the safe side.
 - p99 below target*(1-band)  -> lower by `down_step_factor * max_step` (faster).
 - kept acceptance < threshold -> lower fast, ignoring cooldown (quality guard).
 - otherwise hold: dead band, cooldown, too little traffic, missing/NaN data,
-  settling after a replica change, or a raise that the load does not yet undo.
+  settling after a replica change, or a recent raise that neither a lower load
+  nor a p99 under target*(1-2*band) says is no longer needed (anti-flap).
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class TunerSettings:
     # No latency-driven move this long after a replica change (capacity first).
     settle_after_scale: float = 120.0
     # A lower move right after a raise needs the load to have fallen by
-    # `dead_band` since that raise, for this many cooldowns (anti-flap).
+    # `dead_band` since that raise, or p99 under target*(1 - 2*dead_band),
+    # for this many cooldowns (anti-flap).
     reversal_window_cooldowns: float = 10.0
 
 
@@ -240,7 +242,9 @@ def decide(
 
     if ratio <= low:
         return _hold(ratio, HOLD_AT_MIN, f"p99 {p99:.3f}s below target, at min")
-    blocker = _recent_raise_still_needed(changes, rate, s, now)
+    # Headroom of twice the dead band: the raise is clearly no longer needed.
+    far_below = p99 < s.latency_target * (1.0 - 2.0 * s.dead_band)
+    blocker = None if far_below else _recent_raise_still_needed(changes, rate, s, now)
     if blocker is not None:
         return _hold(
             ratio,

@@ -144,14 +144,18 @@ def test_settles_after_replica_change() -> None:
 
 def test_no_lowering_right_after_a_raise_while_load_is_the_same() -> None:
     changes = [Change(at(0), 0.3, 0.35, tuner.RAISED, 5.0)]
-    samples = [sample(180, 0.2, rate=5.0), sample(240, 0.2, rate=5.0)]
+    # 0.34 s: under the dead band (0.36) but not by twice it (0.32).
+    samples = [sample(180, 0.34, rate=5.0), sample(240, 0.34, rate=5.0)]
     d = decide(samples, 0.35, S, at(240), changes)
     assert not d.changed and d.reason == tuner.HOLD_LOAD_NOT_LOWER
     # The load fell: lowering is now right.
-    samples = [sample(180, 0.2, rate=2.0), sample(240, 0.2, rate=2.0)]
+    samples = [sample(180, 0.34, rate=2.0), sample(240, 0.34, rate=2.0)]
+    assert decide(samples, 0.35, S, at(240), changes).changed
+    # Latency far under target (twice the dead band): the raise is not needed.
+    samples = [sample(180, 0.3, rate=5.0), sample(240, 0.3, rate=5.0)]
     assert decide(samples, 0.35, S, at(240), changes).changed
     # Long after the raise, lowering is allowed whatever the load.
-    samples = [sample(1200, 0.2), sample(1260, 0.2)]  # window: 10 cooldowns
+    samples = [sample(1200, 0.34), sample(1260, 0.34)]  # window: 10 cooldowns
     assert decide(samples, 0.35, S, at(1260), changes).changed
 
 
