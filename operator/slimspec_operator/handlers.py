@@ -21,11 +21,12 @@ from .kube import ApiError, Kube
 from .manifests import MANAGED_BY_LABEL, MANAGER
 from .metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
 from .reconcile import reconcile
-from .spec import GROUP, KIND, PLURAL, VERSION
+from .spec import GROUP, KIND, PLURAL, VERSION, SlimSpecService, ratio_in_force
 
 RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
 
 _kube: Kube | None = None
+_written_ratio: dict[str, float] = {}  # uid -> ratio last written to the ConfigMap
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -63,6 +64,7 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
                 kopf.event(kopf.Body(raw), type=type_, reason=reason, message=message)
 
             reconcile(kube(), fresh, now(), emit)
+            _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
             RECONCILE_TOTAL.labels("ok").inc()
         except ApiError as e:
             RECONCILE_TOTAL.labels("error").inc()
@@ -95,6 +97,22 @@ def on_change(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL_S, initial_delay=1)
 def on_timer(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    run(body, logger)
+
+
+def _ratio_moved(body: kopf.Body, **_: Any) -> bool:
+    """The ratio in force differs from the one last written (e.g. the tuner wrote
+    status.compression.ratio): push it to the ConfigMap now, not at the next tick."""
+    uid = body.get("metadata", {}).get("uid", "")
+    try:
+        ratio = ratio_in_force(SlimSpecService.from_body(body))
+    except ValueError:  # pydantic: an object the API server let through but we cannot read
+        return False
+    return uid in _written_ratio and _written_ratio[uid] != ratio
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_ratio_moved)
+def on_ratio(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     run(body, logger)
 
 

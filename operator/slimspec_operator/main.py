@@ -34,7 +34,11 @@ class _QuietRoutine(logging.Filter):
     """Drop Kopf's per-tick success lines of our routine triggers (timer, Deployment
     events); they would log every few seconds per resource. Failures still show."""
 
-    ROUTINE = ("Timer 'on_timer' succeeded", "Handler 'on_deployment' succeeded")
+    ROUTINE = (
+        "Timer 'on_timer' succeeded",
+        "Handler 'on_deployment' succeeded",
+        "Handler 'on_ratio' succeeded",
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith(self.ROUTINE)

@@ -77,6 +77,7 @@ class OperatorProcess:
         """namespace=None: cluster-wide. extra: more CLI flags (replacing --standalone)."""
         self.kubeconfig, self.namespace, self.log_path = kubeconfig, namespace, log
         self.extra = extra
+        self.interval = "1"  # SLIMSPEC_RECONCILE_INTERVAL
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -85,7 +86,7 @@ class OperatorProcess:
         env = dict(os.environ)
         env.update(
             KUBECONFIG=str(self.kubeconfig),
-            SLIMSPEC_RECONCILE_INTERVAL="1",
+            SLIMSPEC_RECONCILE_INTERVAL=self.interval,
             SLIMSPEC_TUNING_TICK_SECONDS="3600",  # the tuner has its own tests
             PYTHONUNBUFFERED="1",
         )

@@ -181,3 +181,37 @@ def test_status_conditions_printer_columns_scale_and_ratio(
     assert 'slimspec_operator_reconcile_total{result="ok"}' in metrics
     events = api.core.list_namespaced_event(namespace).items
     assert any(e.reason == "Creating" and e.involved_object.name == "chat" for e in events)
+
+
+def test_tuned_ratio_reaches_configmap_without_waiting_for_the_timer(
+    operator_kubeconfig, api: Api, namespace: str, tmp_path
+):
+    """Tuning on: the reconciler seeds status.compression from the spec, then follows
+    what the tuner writes there (here: the test, as the tuner would), clamped to the
+    spec's bounds, pushing it to the ConfigMap on the status event, not the timer."""
+    op = OperatorProcess(operator_kubeconfig, namespace, tmp_path / "op.log")
+    op.interval = "60"
+    op.start()
+    try:
+        api.create(sample(replicas=1, tuning={"enabled": True}))
+        api.wait(lambda: (api.get().get("status") or {}).get("compression"), what="seed")
+        seed = api.get()["status"]["compression"]
+        assert seed["ratio"] == 0.3 and seed["reason"] == "Initial"
+        (dep,) = api.wait(lambda: api.deployments() or None)
+        time.sleep(2)  # let Deployment events (which also trigger reconciles) die down
+
+        def cm_ratio() -> str:
+            return api.core.read_namespaced_config_map("chat-runtime", namespace).data[
+                "compression_ratio"
+            ]
+
+        for written, expected in ((0.42, "0.42"), (0.9, "0.5")):
+            patch = {"status": {"compression": {"ratio": written, "reason": "LatencyLow"}}}
+            api.custom.patch_namespaced_custom_object_status(
+                "slimspec.io", "v1alpha1", namespace, "slimspecservices", "chat", patch
+            )
+            api.wait(lambda e=expected: cm_ratio() == e, timeout=5, what=f"ConfigMap {expected}")
+        assert [d.metadata.name for d in api.deployments()] == [dep.metadata.name]
+    finally:
+        op.stop()
+        print(op.log()[-3000:])
