@@ -156,6 +156,8 @@ async def text_deltas(
                 yield piece
             if out.finished:
                 return
+    except ValueError as exc:  # the engine refused the request (add_request)
+        raise ApiError(400, "invalid_request", f"request refused by the engine: {exc}") from None
     except RuntimeError as exc:  # engine failure, delivered by the scheduler
         raise ApiError(500, "engine_error", str(exc)) from None
     finally:
