@@ -19,6 +19,7 @@ NAMESPACED: dict[tuple[str, str], tuple[str, ...]] = {
     ("slimspec.io", "slimspecservices"): ("get", "list", "watch", "patch"),
     ("slimspec.io", "slimspecservices/status"): ("patch",),
     ("slimspec.io", "slimspecservices/scale"): ("patch",),
+    ("slimspec.io", "slimspecservices/finalizers"): ("update",),
     ("apps", "deployments"): ("list", "watch", "create", "patch", "delete"),
     ("", "services"): ("get", "create", "patch"),
     ("", "configmaps"): ("get", "list", "watch", "create", "patch"),
@@ -31,6 +32,7 @@ NAMESPACED: dict[tuple[str, str], tuple[str, ...]] = {
 CLUSTER: dict[tuple[str, str], tuple[str, ...]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
 }
+NAMESPACES = {("", "namespaces"): ("list", "watch")}
 PEERING_NS = {("kopf.dev", "kopfpeerings"): ("get", "list", "watch", "patch")}
 PEERING_CLUSTER = {("kopf.dev", "clusterkopfpeerings"): ("get", "list", "watch", "patch")}
 KEDA = {("keda.sh", "scaledobjects"): ("create", "patch", "delete")}
@@ -98,7 +100,7 @@ def test_namespace_scope_uses_roles_per_watched_namespace() -> None:
     )
     cr = r.one("ClusterRole")
     # Only Kopf's cluster-scoped reads stay cluster-wide.
-    assert triples(cr["rules"]) == expand(CLUSTER, PEERING_CLUSTER)
+    assert triples(cr["rules"]) == expand(CLUSTER, NAMESPACES, PEERING_CLUSTER)
     roles = {d["metadata"]["namespace"]: d for d in r.of_kind("Role")}
     bindings = {d["metadata"]["namespace"]: d for d in r.of_kind("RoleBinding")}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}

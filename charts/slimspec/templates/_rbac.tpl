@@ -17,6 +17,12 @@ operator deletes only superseded Deployments itself.
 - apiGroups: ["slimspec.io"]
   resources: ["slimspecservices/status", "slimspecservices/scale"]
   verbs: ["patch"]
+# Owner references with blockOwnerDeletion=true on everything the operator
+# creates: clusters with the OwnerReferencesPermissionEnforcement admission
+# plugin (e.g. OpenShift) require update on the owner's finalizers for that.
+- apiGroups: ["slimspec.io"]
+  resources: ["slimspecservices/finalizers"]
+  verbs: ["update"]
 # One Deployment per model version (server-side apply, replica changes, delete
 # of the old version after a rollout); Kopf watches them for readiness.
 - apiGroups: ["apps"]
@@ -66,6 +72,12 @@ operator deletes only superseded Deployments itself.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+{{- if eq .Values.rbac.scope "namespace" }}
+# Given --namespace, Kopf lists/watches namespaces to follow the watched ones.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
 {{- if .Values.operator.peering.enabled }}
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
