@@ -27,7 +27,7 @@ from slimspec_operator.tuning_handlers import (
 )
 from slimspec_operator.tuning_spec import DEFAULT_QUERIES, rate_window, render_query
 
-from .conftest import KEDA_CRD_FILE, LoadExporter, service_manifest, start_prometheus
+from .conftest import KEDA_CRD_FILE, REPO, LoadExporter, service_manifest, start_prometheus
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.asyncio]
 
@@ -299,3 +299,94 @@ async def test_keda_scaled_object_is_accepted_by_the_api_server(
         assert left["items"] == []
     finally:
         kube_cluster.kubectl("delete", "--ignore-not-found", "-f", str(KEDA_CRD_FILE))
+
+
+def chart_operator_role(kube_cluster: Any, name: str) -> dict[str, Any]:
+    """The operator's ClusterRole exactly as the Helm chart renders it (KEDA rules on)."""
+    import yaml
+
+    from tests.support.tools import run_checked, tool_path
+
+    out = run_checked(
+        [
+            tool_path("helm"),
+            "template",
+            "rel",
+            REPO / "charts" / "slimspec",
+            "--set",
+            "rbac.keda=true",
+        ],
+        env=kube_cluster.env,
+    ).stdout
+    (role,) = [d for d in yaml.safe_load_all(out) if d and d.get("kind") == "ClusterRole"]
+    role["metadata"] = {"name": name}
+    return role
+
+
+async def test_tuner_works_with_exactly_the_charts_rbac(
+    kube_cluster: Any,
+    api: client.ApiClient,
+    namespace: str,
+    slimspec_crd: str,
+    prometheus_server: Any,
+    load_exporter: LoadExporter,
+) -> None:
+    from kubernetes import config as kconfig
+
+    role_name = f"tuning-rbac-{namespace}"[:63]
+    rbac = client.RbacAuthorizationV1Api(api)
+    rbac.create_cluster_role(chart_operator_role(kube_cluster, role_name))
+    kube_cluster.kubectl("apply", "-f", str(KEDA_CRD_FILE))
+    try:
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "operator", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role_name,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": namespace}],
+        }
+        rbac.create_namespaced_role_binding(namespace, binding)
+        kubeconfig = kube_cluster.service_account_kubeconfig(namespace, "operator")
+        sa_api = kconfig.new_client_from_config(config_file=str(kubeconfig))
+        kube_cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=30s"
+        )
+
+        load_exporter.set(rate=5, latency=0.6, kept=0.9)
+        server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
+        svc = Svc(api, namespace)
+        auto = {"enabled": True, "maxReplicas": 4, "targetRequestsPerReplica": 2}
+        svc.create(replicas=1, autoscaling=auto, **tuning(server.url))
+        wait_for_load(server, namespace, 5)
+
+        kube, mem = KubeIO(sa_api), Memory(started=T0)
+        # Quality guard (ConfigMap patch, Event, status apply) and a scale-up
+        # (scale subresource) in one tick, all as the chart's ServiceAccount.
+        st = await tick(svc.get(), mem, kube, at(0), force=True)
+        assert st["compression"]["reason"] == tuner.QUALITY_GUARD
+        assert svc.configmap_ratio() == "0.2"
+        assert svc.get()["spec"]["replicas"] >= 2
+        assert {"CompressionChanged", "Scaled"} <= set(svc.events())
+        # KEDA mode: discovery, apply, then delete when switched back.
+        body = svc.get()
+        body["spec"]["autoscaling"]["mode"] = "keda"
+        await tick(body, mem, kube, at(10), force=True)
+        custom = client.CustomObjectsApi(api)
+        so = custom.get_namespaced_custom_object(
+            KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL, SVC
+        )
+        assert so["spec"]["scaleTargetRef"]["name"] == SVC
+        body["spec"]["autoscaling"]["mode"] = "operator"
+        await tick(body, mem, kube, at(20), force=True)
+        left = custom.list_namespaced_custom_object(
+            KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL
+        )
+        assert left["items"] == []
+        sa_api.close()
+    finally:
+        kube_cluster.kubectl("delete", "--ignore-not-found", "-f", str(KEDA_CRD_FILE))
+        rbac.delete_cluster_role(role_name)
