@@ -239,7 +239,7 @@ class KubeIO:
         self._keda: bool | None = None
 
     async def apply_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND}
+        body: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND}
         body |= {"metadata": {"name": name, "namespace": ns}, "status": status}
         await asyncio.to_thread(
             self.custom.patch_namespaced_custom_object_status,
