@@ -47,6 +47,10 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+def _ns_name(body: Mapping[str, Any]) -> tuple[str, str]:
+    return body["metadata"]["namespace"], body["metadata"]["name"]
+
+
 def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter) -> None:
     """Reconcile one resource; one at a time per resource (timers and watches overlap)."""
     uid = body["metadata"].get("uid", "")
@@ -54,7 +58,7 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
         t0 = time.monotonic()
         try:
             # Re-read: the body a handler got may be older than the last status write.
-            fresh = kube().get(KIND, body["metadata"]["namespace"], body["metadata"]["name"])
+            fresh = kube().get(KIND, *_ns_name(body))
             if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                 return
 
@@ -67,6 +71,8 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
             _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
             RECONCILE_TOTAL.labels("ok").inc()
         except ApiError as e:
+            if e.status == 404 and kube().get(KIND, *_ns_name(body)) is None:
+                return  # deleted while we worked on it; the GC removes the rest
             RECONCILE_TOTAL.labels("error").inc()
             raise kopf.TemporaryError(f"API error {e}", delay=2) from e
         except Exception:
@@ -83,6 +89,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
+    # Kopf timers (ours and the tuner's) need a finalizer so they stop before the
+    # object goes; name it after us. Deleting while no operator runs waits for it.
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.WARNING  # only our own events at INFO
     settings.execution.max_workers = int(os.environ.get("SLIMSPEC_MAX_WORKERS", "8"))
     settings.watching.server_timeout = 300

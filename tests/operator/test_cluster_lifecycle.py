@@ -89,6 +89,11 @@ def test_create_builds_objects_with_owner_refs_and_delete_collects_them(
             core.read_namespaced_config_map("kube-root-ca.crt", namespace)
         assert denied.value.status == 403
 
+    api.wait(
+        lambda: api.get()["metadata"].get("finalizers") == ["slimspec.io/finalizer"],
+        what="Kopf's finalizer, under our name",
+    )
+    t0 = time.monotonic()
     api.custom.delete_namespaced_custom_object(
         "slimspec.io", "v1alpha1", namespace, "slimspecservices", "chat"
     )
@@ -104,6 +109,7 @@ def test_create_builds_objects_with_owner_refs_and_delete_collects_them(
         return not deps and not svcs and not cms
 
     api.wait(all_gone, timeout=60, what="garbage collection of owned objects")
+    print(f"garbage collection took {time.monotonic() - t0:.1f}s")
 
 
 def test_status_conditions_printer_columns_scale_and_ratio(
