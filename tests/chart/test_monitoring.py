@@ -172,8 +172,8 @@ def queried_metrics(exprs: list[str]) -> set[str]:
 
 def test_metric_name_extraction() -> None:
     expr = (
-        "sum by (le, slimspec_service) (rate(slimspec_request_latency_seconds_bucket"
-        '{slimspec_service=~"$service"}[5m])) / on(namespace) slimspec_queue_depth'
+        "sum by (le, service) (rate(slimspec_request_latency_seconds_bucket"
+        '{service=~"$service"}[5m])) / on(namespace) slimspec_queue_depth'
     )
     assert metric_names(expr) == {"slimspec_request_latency_seconds_bucket", "slimspec_queue_depth"}
 
@@ -185,3 +185,22 @@ def test_engine_queries_name_contract_metrics(rules_default: dict) -> None:
     engine = {m for m in queried_metrics(exprs) if not m.startswith("slimspec_operator_")}
     assert engine, "no engine metric found in the queries"
     assert engine <= contract_metrics(), engine - contract_metrics()
+
+
+def test_scrape_labels_match_the_tuners_queries(rendered_variants: dict) -> None:
+    """The operator's tuner selects engine series by {namespace, service}; the
+    chart's PodMonitor must produce both (namespace comes with every
+    Kubernetes target; `service` is relabelled from the pod's instance label)."""
+    from slimspec_operator.tuning_spec import DEFAULT_QUERIES
+
+    used = set()
+    for q in DEFAULT_QUERIES.values():
+        for matchers in re.findall(r"\{([^}]*)\}", q):
+            used |= set(re.findall(r"(\w+)\s*(?:=~|!=|!~|=)", matchers))
+    assert used == {"namespace", "service"}
+    pm = rendered_variants["full"].one("PodMonitor")
+    relabels = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+        "targetLabel": "service",
+    } in relabels
