@@ -191,10 +191,11 @@ def test_scrape_labels_match_the_tuners_queries(rendered_variants: dict) -> None
     """The operator's tuner selects engine series by {namespace, service}; the
     chart's PodMonitor must produce both (namespace comes with every
     Kubernetes target; `service` is relabelled from the pod's instance label)."""
-    from slimspec_operator.tuning_spec import DEFAULT_QUERIES
+    from slimspec_operator.tuning_spec import DEFAULT_QUERIES, render_query
 
     used = set()
-    for q in DEFAULT_QUERIES.values():
+    for template in DEFAULT_QUERIES.values():
+        q = render_query(template, "ml", "chat", "2m")
         for matchers in re.findall(r"\{([^}]*)\}", q):
             used |= set(re.findall(r"(\w+)\s*(?:=~|!=|!~|=)", matchers))
     assert used == {"namespace", "service"}
