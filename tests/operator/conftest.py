@@ -133,6 +133,8 @@ def operator(
     finally:
         op.stop()
         print(f"--- operator log ({namespace}) ---\n{op.log()[-6000:]}")
+    # The role in operator/rbac/clusterrole.yaml was enough for everything it did.
+    assert "forbidden: User" not in op.log(), "RBAC denial in the operator log"
 
 
 class Api:
