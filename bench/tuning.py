@@ -227,6 +227,33 @@ def plot(data: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def summarize(data: dict[str, Any]) -> dict[str, Any]:
+    """Headline figures from the recorded points and the status history."""
+    pts, hist = data["points"], data["history"]
+    down = _spans(pts, lambda p: p["metrics_available"] == "False")
+    held = [p["status_ratio"] for p in pts if p["metrics_available"] == "False"]
+    lags = []
+    for i in range(1, len(pts)):
+        new, old = pts[i]["status_ratio"], pts[i - 1]["status_ratio"]
+        if new is not None and old is not None and new != old:
+            later = [p for p in pts[i:] if p["engine_ratio"] == new]
+            if later:
+                lags.append(round(later[0]["t"] - pts[i]["t"], 2))
+    return {
+        "ratio_changes_up": sum(1 for h in hist if h["to"] > h["from"]),
+        "ratio_changes_down": sum(1 for h in hist if h["to"] < h["from"]),
+        "ratio_range": [min(h["to"] for h in hist), max(h["to"] for h in hist)] if hist else None,
+        "metrics_unavailable_spans_s": [[a, b] for a, b in down],
+        "ratio_constant_while_unavailable": len(set(held)) <= 1,
+        "engine_apply_lag_s": {
+            "median": statistics.median(lags) if lags else None,
+            "max": max(lags) if lags else None,
+            "note": "status change seen -> engine /metrics shows it (1 s sampling)",
+        },
+        "request_errors": data["requests"]["errors"],
+    }
+
+
 def _spans(pts: list[dict[str, Any]], pred) -> list[tuple[float, float]]:
     spans, start = [], None
     for p in pts:
@@ -248,11 +275,9 @@ def main() -> int:
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "tuning.json"
-    if args.plot_only:
-        data = json.loads(out.read_text())
-    else:
-        data = run(args)
-        out.write_text(json.dumps(data, indent=1))
+    data = json.loads(out.read_text()) if args.plot_only else run(args)
+    data["summary"] = summarize(data)
+    out.write_text(json.dumps(data, indent=1))
     plot(data, RESULTS / "tuning.png")
     print(f"wrote {out} and {RESULTS / 'tuning.png'}")
     return 0
