@@ -72,12 +72,18 @@ def test_server_side_dry_run(
     if variant == "namespaced":
         args += ["--set", f"rbac.watchNamespaces={{{namespace}}}"]
     r = rendered(f"dry-{variant}", namespace, *args)
-    out = kube_cluster.kubectl(
+    # The strictest Pod Security level, enforced: the operator pod and the
+    # helm test pod must pass it.
+    kube_cluster.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    proc = kube_cluster.kubectl(
         "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=r.text
-    ).stdout
+    )
     # Every object was accepted by the API server's validation (and its CRD
     # schemas for ServiceMonitor, PodMonitor, PrometheusRule, SlimSpecService).
-    assert out.count("(server dry run)") == len(r.docs), out
+    assert proc.stdout.count("(server dry run)") == len(r.docs), proc.stdout
+    assert "PodSecurity" not in proc.stderr, proc.stderr
 
 
 def _objects(kube_cluster: KubeCluster, namespace: str, release: str) -> dict[str, set[str]]:
