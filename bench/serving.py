@@ -107,8 +107,32 @@ async def run_clients(base: str, clients: int, window_s: float, max_new: int) ->
     }
 
 
-def measure(base: str, mode: str, clients: int, window_s: float, max_new: int) -> RunResult:
+def generated_tokens(base: str) -> float:
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith("slimspec_generated_tokens_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def wait_idle(app: Any, timeout: float = 120) -> None:
+    """Abandoned requests are cancelled at the server's next step; wait for that."""
+    service = app.state.service
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(s.scheduler.in_flight == 0 for s in [service.current, *service._retired] if s):
+            return
+        time.sleep(0.1)
+
+
+def measure(
+    base: str, app: Any, mode: str, clients: int, window_s: float, max_new: int
+) -> RunResult:
+    wait_idle(app)
+    tok0 = generated_tokens(base)
     raw = asyncio.run(run_clients(base, clients, window_s, max_new))
+    wait_idle(app)
+    # Server-side count: includes the partial work of requests abandoned at the window's end.
+    raw["toks"] = generated_tokens(base) - tok0
     lat, el = raw["lat"], raw["elapsed"]
     res = RunResult(
         mode=mode,
@@ -226,14 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     ):
         set_batch(app, size)
         for c in levels:
-            results.append(measure(base, mode, c, args.window, args.max_new_tokens))
+            results.append(measure(base, app, mode, c, args.window, args.max_new_tokens))
     baseline: list[RunResult] = []
     if not args.no_baseline:
         app.state.service.swap(replace(cfg.model, draft="none", version="target-only"))
         set_batch(app, 1)
         for c in (1, 8):
             baseline.append(
-                measure(base, "target-only, batching off", c, args.window, args.max_new_tokens)
+                measure(base, app, "target-only, batching off", c, args.window, args.max_new_tokens)
             )
 
     def find(mode: str, c: int) -> RunResult | None:

@@ -22,7 +22,7 @@ from slimspec.batching import NotAccepting, RequestHandle, Scheduler, SchedulerC
 from slimspec.metrics import Metrics
 from slimspec.postprocess import FilterRules
 from slimspec.runtime_config import RuntimeSettings
-from slimspec.types import GenerationRequest, SamplingParams, StepOutput
+from slimspec.types import GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,6 @@ class EngineService:
             engine,
             self.sched_config,
             on_step=lambda eng, b, dt: self._on_step(eng, b),
-            on_finish=self._on_finish,
             name=f"scheduler-{ref.version}",
         ).start()
         log.info(
@@ -298,35 +297,3 @@ class EngineService:
         self.metrics.queue_depth.set(
             sum(s.scheduler.queue_depth for s in [self.current, *self._retired] if s)
         )
-
-    def _on_finish(self, handle: RequestHandle, out: StepOutput) -> None:
-        pass
-
-
-async def collect(handle: RequestHandle, is_disconnected: Callable[[], Any] | None = None):
-    """Await a request to its end -> (token ids, finish reason); cancels if the client left."""
-    toks: list[int] = []
-    reason = "length"
-    watcher: asyncio.Task[None] | None = None
-    if is_disconnected is not None:
-
-        async def watch() -> None:
-            while not handle.finished:
-                if await is_disconnected():
-                    handle.cancel()
-                    return
-                await asyncio.sleep(0.25)
-
-        watcher = asyncio.create_task(watch())
-    try:
-        async for out in handle.outputs():
-            toks.extend(out.new_token_ids)
-            if out.finished:
-                reason = out.finish_reason or reason
-    except asyncio.CancelledError:
-        handle.cancel()
-        raise
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-    return toks, reason

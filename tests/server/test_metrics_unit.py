@@ -1,0 +1,59 @@
+"""Metrics pieces that need no server: GPU gauges through a fake NVML, stats diffing."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+from slimspec.metrics import Metrics
+
+
+class FakeNvml:
+    def nvmlInit(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        return SimpleNamespace(gpu=40 + h)
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return SimpleNamespace(used=1000 * (h + 1))
+
+
+def test_gpu_gauges_only_with_a_gpu(monkeypatch: Any) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    text = Metrics().render().decode()
+    assert 'slimspec_gpu_utilization_ratio{gpu="1"} 0.41' in text
+    assert 'slimspec_gpu_memory_used_bytes{gpu="0"} 1000.0' in text
+    assert "slimspec_gpu_" not in Metrics(enable_gpu=False).render().decode()
+
+
+def test_observe_step_turns_cumulative_stats_into_counters() -> None:
+    m = Metrics(enable_gpu=False)
+    stats = SimpleNamespace(
+        drafted=10,
+        accepted=6,
+        verify_steps=4,
+        fallbacks=Counter(),
+        kept_acceptance=0.9,
+        recent_mean_accepted_length=2.5,
+    )
+    eng = SimpleNamespace(stats=stats, compression_ratio=0.2)
+    m.observe_step(eng, 3)
+    stats.drafted, stats.accepted, stats.verify_steps = 14, 9, 6
+    stats.fallbacks["quality"] = 1
+    m.observe_step(eng, 2)
+    text = m.render().decode()
+    assert "slimspec_draft_tokens_total 14.0" in text
+    assert "slimspec_accepted_tokens_total 9.0" in text
+    assert "slimspec_verify_steps_total 6.0" in text
+    assert 'slimspec_fallbacks_total{reason="quality"} 1.0' in text
+    assert "slimspec_mean_accepted_length 2.5" in text
+    assert "slimspec_acceptance_kept_ratio 0.9" in text
+    assert "slimspec_compression_ratio 0.2" in text
+    assert "slimspec_batch_size_count 2.0" in text
