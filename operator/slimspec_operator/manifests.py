@@ -29,21 +29,23 @@ ADMIN_TOKEN_DIR = "/var/run/slimspec/admin"
 CACHE_DIR = "/var/cache/slimspec"
 MODELS_DIR = "/models"
 TERMINATION_GRACE_SECONDS = 60
-# After asking the engine to drain, keep the pod alive a little so endpoint
-# removal reaches every proxy before the process exits.
 PRESTOP_SLEEP_SECONDS = 5
 
-_PRESTOP = (
-    "import os,time,urllib.request as u\n"
-    "try:\n"
-    f" t=open('{ADMIN_TOKEN_DIR}/token').read().strip()\n"
-    f" r=u.Request('http://127.0.0.1:{ENGINE_PORT}/admin/drain',method='POST',"
-    "headers={'Authorization':'Bearer '+t})\n"
-    " u.urlopen(r,timeout=%d).read()\n"
-    "except Exception as e:\n"
-    " print('drain failed:',e)\n"
-    "time.sleep(%d)\n"
-) % (TERMINATION_GRACE_SECONDS - PRESTOP_SLEEP_SECONDS - 5, PRESTOP_SLEEP_SECONDS)
+# preStop: ask the engine to drain (stop taking work, finish in-flight requests),
+# then wait so endpoint removal reaches every proxy before the process exits.
+# Token path and port come from the container's own env (set below).
+DRAIN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - PRESTOP_SLEEP_SECONDS - 10
+_PRESTOP = f"""import json,os,time,urllib.request as u
+try:
+ t=open(os.environ['SLIMSPEC_ADMIN_TOKEN_FILE']).read().strip()
+ r=u.Request('http://127.0.0.1:'+os.environ.get('PORT','{ENGINE_PORT}')+'/admin/drain',
+  data=json.dumps({{'timeout_s':{DRAIN_TIMEOUT_SECONDS}}}).encode(),method='POST',
+  headers={{'Authorization':'Bearer '+t,'Content-Type':'application/json'}})
+ print(u.urlopen(r,timeout={DRAIN_TIMEOUT_SECONDS + 5}).read().decode())
+except Exception as e:
+ print('drain failed:',e)
+time.sleep(float(os.environ.get('SLIMSPEC_PRESTOP_SLEEP','{PRESTOP_SLEEP_SECONDS}')))
+"""
 
 
 # ---------------------------------------------------------------- names
