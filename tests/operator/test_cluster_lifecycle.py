@@ -221,3 +221,28 @@ def test_tuned_ratio_reaches_configmap_without_waiting_for_the_timer(
     finally:
         op.stop()
         print(op.log()[-3000:])
+
+
+def test_drift_is_repaired(operator: OperatorProcess, api: Api, namespace: str):
+    """Level-based: objects deleted or edited by hand come back as the spec says."""
+    api.create(sample(replicas=1))
+    (dep,) = api.wait(lambda: api.deployments() or None, what="Deployment")
+    api.wait(lambda: api.core.read_namespaced_service("chat", namespace))
+    h = dep.metadata.labels[HASH]
+    api.apps.delete_namespaced_deployment(dep.metadata.name, namespace)
+    api.core.patch_namespaced_service("chat", namespace, {"spec": {"selector": {HASH: "x"}}})
+    api.core.patch_namespaced_config_map(
+        "chat-runtime", namespace, {"data": {"compression_ratio": "0.9"}}
+    )
+
+    def repaired() -> bool:
+        deps = api.deployments()
+        cm = api.core.read_namespaced_config_map("chat-runtime", namespace)
+        return (
+            [d.metadata.name for d in deps] == [dep.metadata.name]
+            and deps[0].metadata.uid != dep.metadata.uid
+            and api.service_selector()[HASH] == h
+            and cm.data["compression_ratio"] == "0.3"
+        )
+
+    api.wait(repaired, timeout=20, what="Deployment, Service selector and ConfigMap restored")
