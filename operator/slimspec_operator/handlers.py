@@ -60,6 +60,7 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
             # Re-read: the body a handler got may be older than the last status write.
             fresh = kube().get(KIND, *_ns_name(body))
             if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                _written_ratio.pop(uid, None)
                 return
 
             def emit(type_: str, reason: str, message: str) -> None:
