@@ -73,3 +73,11 @@ def test_console_entry_points() -> None:
         text=True,
     )
     assert out.returncode == 2 and "compression_ratio" in out.stderr
+
+
+def test_fetch_and_calibrate_delegate() -> None:
+    for cmd, needle in (("fetch", "--pair"), ("calibrate", "--draft")):
+        out = subprocess.run(
+            [sys.executable, "-m", "slimspec", cmd, "--help"], capture_output=True, text=True
+        )
+        assert out.returncode == 0 and needle in out.stdout, out.stderr

@@ -266,3 +266,18 @@ def test_swap_in_background_is_not_ready_meanwhile(make_server, auth, tiny) -> N
             post(base, "/infer", json={"input": "hi", "max_length": 2}).json()["model_version"]
             == "v2"
         )
+
+
+def test_chunked_oversized_body_is_413(server: str) -> None:
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(30):
+            yield b"x" * 10_000
+
+    for path in ("/infer", "/v1/completions"):
+        r = httpx.post(
+            f"{server}{path}",
+            content=chunks(),
+            timeout=30,
+            headers={"Content-Type": "application/json"},
+        )
+        assert r.status_code == 413, (path, r.text)

@@ -8,15 +8,18 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROTOBUF = "application/x-protobuf"
 
 
-class ApiError(Exception):
+class ApiError(StarletteHTTPException):
+    """An HTTPException so that FastAPI's body parsing passes it through unchanged."""
+
     def __init__(
         self, status: int, kind: str, message: str, retry_after: int | None = None
     ) -> None:
-        super().__init__(message)
+        super().__init__(status, message)
         self.status = status
         self.kind = kind
         self.message = message
@@ -73,9 +76,7 @@ async def validation_error_handler(request: Request, exc: Exception) -> Response
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
     """Framework errors (404, 405, unparsable bodies) in the same error shape."""
-    from starlette.exceptions import HTTPException
-
-    assert isinstance(exc, HTTPException)
+    assert isinstance(exc, StarletteHTTPException)
     kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 400 and "parsing the body" in detail:
