@@ -184,6 +184,11 @@ async def test_quality_guard_and_no_data(
     svc.create(**tuning(server.url))
     wait_for_load(server, namespace, 5)
     kube, mem = KubeIO(api), Memory(started=T0)
+    # Dry run: the decision is reported, nothing changes.
+    st = await tick(svc.get(), Memory(started=T0), kube, at(0), force=True, dry_run=True)
+    assert st["compression"]["lastDecision"]["proposedRatio"] == pytest.approx(0.2)
+    assert svc.get()["status"]["compression"]["ratio"] == pytest.approx(0.3)
+    assert svc.configmap_ratio() == "0.3" and "DryRunCompression" in svc.events()
     # p99 is over target, but kept acceptance is below threshold: down, at once.
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.2)
