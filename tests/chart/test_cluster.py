@@ -31,11 +31,22 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cluster import KubeCluster
 from tests.support.tools import Helm, free_port
 
-from .conftest import CHART, REPO, VALUES_DIR, Rendered, helm_template
+from .conftest import (
+    CHART,
+    REPO,
+    VALUES_DIR,
+    Rendered,
+    dashboard_exprs,
+    helm_template,
+    prometheus_rule_groups,
+    render,
+)
+from .test_monitoring import metric_names
 
 pytestmark = pytest.mark.cluster
 
@@ -342,6 +353,24 @@ def test_operator_reconciles_the_example_with_the_charts_rbac(
     assert status == 200
     _, metrics = op.get(op.metrics_port, "/metrics")
     assert 'slimspec_operator_reconcile_total{result="ok"}' in metrics
+    # Every operator metric the dashboard and the alerts query is exported.
+    exported = set()
+    for fam in text_string_to_metric_families(metrics):
+        exported |= {fam.name, f"{fam.name}_total", f"{fam.name}_bucket"}
+    rules = [
+        r["expr"]
+        for g in prometheus_rule_groups(render("--set", "monitoring.prometheusRule.enabled=true"))[
+            "groups"
+        ]
+        for r in g["rules"]
+    ]
+    queried = {
+        m
+        for e in [*rules, *(e for _, e in dashboard_exprs())]
+        for m in metric_names(e)
+        if m.startswith("slimspec_operator_")
+    }
+    assert queried and queried <= exported, queried - exported
     assert op.proc.poll() is None, op.log()[-3000:]
     denied = [line for line in op.log().splitlines() if FORBIDDEN.search(line)]
     assert not denied, "\n".join(line[:400] for line in denied[:5])
