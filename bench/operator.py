@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,14 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
         if c["type"] == type_:
             return c
     return {}
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def one_run(cluster, custom, apps, driver, ns: str, name: str) -> dict[str, float]:
@@ -125,6 +134,7 @@ def main() -> int:
         ns = cluster.create_namespace("bench")
         env = dict(cluster.env, PYTHONUNBUFFERED="1", SLIMSPEC_TUNING_TICK_SECONDS="3600")
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / "slimspec-operator-bench.log"
+        live = free_port()
         with log_path.open("wb") as log:
             op = subprocess.Popen(
                 [
@@ -137,7 +147,7 @@ def main() -> int:
                     "--metrics-port",
                     "0",
                     "--liveness",
-                    f"http://127.0.0.1:{free_port()}/healthz",
+                    f"http://127.0.0.1:{live}/healthz",
                 ],
                 env=env,
                 stdout=log,
@@ -147,7 +157,10 @@ def main() -> int:
         custom, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
         driver = cluster.pod_driver()
         try:
-            time.sleep(3)  # operator start-up is not part of the measurement
+            # Operator start-up is not part of the measurement: wait for its liveness
+            # endpoint (up once Kopf runs), then a moment for the watches to open.
+            poll(lambda: _http_ok(f"http://127.0.0.1:{live}/healthz"), timeout=60, interval=0.2)
+            time.sleep(2)
             for i in range(args.runs):
                 run = one_run(cluster, custom, apps, driver, ns, f"bench-{i}")
                 for k, v in run.items():
