@@ -95,7 +95,7 @@ def test_never_ready_version_is_rolled_back(
             api.wait(lambda: versions(api) == {"v1": 2}, what="v2 Deployment deleted")
             time.sleep(3)  # later rounds do not retry the failed version
             assert versions(api) == {"v1": 2}
-        assert monitor.violations == []
+            assert monitor.violations == []
         assert api.service_selector()[HASH] == old_hash
         st = api.get()["status"]
         assert st["servedVersion"] == "v1" and st["failedVersion"] == "v2"
@@ -112,11 +112,27 @@ def test_never_ready_version_is_rolled_back(
         out = kube_cluster.kubectl("get", "ssvc", "chat", "-n", namespace).stdout
         assert out.splitlines()[1].split()[1:4] == ["True", "v2", "v1"]
 
-        # going back to v1 in the spec clears Degraded without a rollout
+        # retry the same version by hand: drop the failure record from status
+        kube_cluster.kubectl(
+            "patch",
+            "ssvc",
+            "chat",
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=json",
+            "-p",
+            '[{"op": "remove", "path": "/status/failedTemplateHash"}]',
+        )
+        api.wait(lambda: "v2" in versions(api), what="v2 retried")
+
+        # going back to v1 in the spec ends it and clears Degraded, v1 never stopped
         api.patch_spec({"model": sample()["spec"]["model"]})
+        api.wait(lambda: versions(api) == {"v1": 2}, what="v2 dropped")
         api.wait(lambda: api.condition("Degraded").get("status") == "False")
         assert "failedVersion" not in api.get()["status"]
         assert api.service_selector()[HASH] == old_hash
+        assert monitor.violations == []
 
 
 def test_operator_restart_mid_rollout_resumes_and_completes(
