@@ -301,14 +301,14 @@ class Scheduler:
             return
         dt = time.perf_counter() - t0
         for out in outputs:
-            h = self._active.get(out.request_id)
-            if h is None:  # cancelled/timed out already
+            owner = self._active.get(out.request_id)
+            if owner is None:  # cancelled/timed out already
                 continue
             if out.finished:
                 del self._active[out.request_id]
-                took = time.monotonic() - h.submitted_at
+                took = time.monotonic() - owner.submitted_at
                 self._mean_request_s = 0.8 * self._mean_request_s + 0.2 * took
-            self._deliver(h, out)
+            self._deliver(owner, out)
         if self._on_step is not None:
             try:
                 self._on_step(self.engine, batch, dt)

@@ -89,7 +89,7 @@ class ConfigMapWatcher:
         self,
         name: str,
         namespace: str,
-        apply: Callable[[dict[str, Any]], None],
+        apply: Callable[[dict[str, Any]], object],
         resync_s: int = 60,
         api: Any = None,
     ) -> None:

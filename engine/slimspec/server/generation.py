@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +87,7 @@ async def text_deltas(
     params: GenParams,
     state: GenState,
     is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """Yield output text pieces; state.finish_reason is set when the iterator ends.
 
     Raises ApiError 429 when the queue is full, 503 when draining, 504 on deadline.
