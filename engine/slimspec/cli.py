@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -24,6 +25,24 @@ def read_admin_token(env: Mapping[str, str]) -> str | None:
         return token or None
     token = env.get("SLIMSPEC_ADMIN_TOKEN", "").strip()
     return token or None
+
+
+def env_setting(env: Mapping[str, str], var: str, key: str, default: Any) -> Any:
+    """A runtime setting from the environment; an invalid value warns and falls back.
+
+    These variables come from the runtime ConfigMap in Kubernetes, where a bad value
+    must not crash-loop the pod (the watcher ignores bad values the same way).
+    """
+    from slimspec.runtime_config import validate_setting
+
+    raw = env.get(var)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return validate_setting(key, raw)
+    except ValueError as exc:
+        logging.getLogger("slimspec.cli").warning("ignoring %s: %s; using %s", var, exc, default)
+        return default
 
 
 def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -49,10 +68,20 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--device", default=e("SLIMSPEC_DEVICE", "auto"))
     p.add_argument("--host", default=e("HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(e("PORT", "8080")))
-    p.add_argument("--compression-ratio", type=float, default=float(e("COMPRESSION_RATIO", "0.3")))
-    p.add_argument("--quality-threshold", type=float, default=float(e("QUALITY_THRESHOLD", "0.95")))
     p.add_argument(
-        "--fallback-strategy", default=e("FALLBACK_STRATEGY", "auto"), choices=["auto", "none"]
+        "--compression-ratio",
+        type=float,
+        default=env_setting(env, "COMPRESSION_RATIO", "compression_ratio", 0.3),
+    )
+    p.add_argument(
+        "--quality-threshold",
+        type=float,
+        default=env_setting(env, "QUALITY_THRESHOLD", "quality_threshold", 0.95),
+    )
+    p.add_argument(
+        "--fallback-strategy",
+        default=env_setting(env, "FALLBACK_STRATEGY", "fallback_strategy", "auto"),
+        choices=["auto", "none"],
     )
     p.add_argument(
         "--max-batch-size",

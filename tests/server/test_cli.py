@@ -45,8 +45,14 @@ def test_env_then_flags() -> None:
 
 
 def test_invalid_values_are_refused() -> None:
+    # from the environment (i.e. the runtime ConfigMap): warn and use the default
+    env = {"COMPRESSION_RATIO": "0.99", "QUALITY_THRESHOLD": "x", "FALLBACK_STRATEGY": "maybe"}
+    cfg = build_config(serve_parser(env).parse_args([]), env)
+    assert cfg.settings.compression_ratio == 0.3 and cfg.settings.quality_threshold == 0.95
+    assert cfg.settings.fallback_strategy == "auto"
+    # as an explicit flag: refused
     with pytest.raises(ValueError):
-        build_config(serve_parser({"COMPRESSION_RATIO": "0.99"}).parse_args([]), {})
+        build_config(serve_parser({}).parse_args(["--compression-ratio", "0.99"]), {})
     with pytest.raises(ValueError):
         build_config(serve_parser({}).parse_args(["--max-batch-size", "300"]), {})
 
