@@ -24,7 +24,7 @@ install_checkov() {
     uv venv -q --python python3.11 --allow-existing "$CHECKOV_VENV"
     uv pip sync -q --python "$CHECKOV_VENV/bin/python" "$CHECKOV_LOCK"
   else
-    python3 -m venv "$CHECKOV_VENV"
+    "$(command -v python3.11 || command -v python3)" -m venv "$CHECKOV_VENV"
     "$CHECKOV_VENV/bin/pip" install -q --no-deps -r "$CHECKOV_LOCK"
   fi
   "$CHECKOV_VENV/bin/checkov" --version

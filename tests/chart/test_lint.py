@@ -24,11 +24,12 @@ DOCKERFILES = ("Dockerfile.engine", "Dockerfile.operator")
 
 
 def checkov_bin() -> Path:
+    """checkov from its own pinned tool venv; scripts/install-linters.sh makes it
+    (idempotent: seconds when cached), so a fresh CI machine needs no extra step."""
     path = cache_dir() / "tools" / "checkov" / "bin" / "checkov"
+    run_checked(["bash", REPO / "scripts" / "install-linters.sh"], timeout=600)
     if not path.exists():
-        pytest.fail(
-            f"checkov not found at {path}: run bash scripts/install-linters.sh", pytrace=False
-        )
+        pytest.fail(f"checkov not found at {path} after scripts/install-linters.sh", pytrace=False)
     return path
 
 
