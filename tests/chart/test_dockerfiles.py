@@ -197,3 +197,19 @@ def test_operator_image_build_stage_replayed(tmp_path: Path) -> None:
     # Small image: no torch in the operator.
     site = next(iter((venv / "lib").glob("python3.*/site-packages")))
     assert not (site / "torch").exists()
+
+
+def test_versions_agree() -> None:
+    """Chart appVersion = image version labels = the packages' versions."""
+    import tomllib
+
+    import yaml
+
+    app = yaml.safe_load((REPO / "charts" / "slimspec" / "Chart.yaml").read_text())["appVersion"]
+    for component, dockerfile in (
+        ("engine", "Dockerfile.engine"),
+        ("operator", "Dockerfile.operator"),
+    ):
+        meta = tomllib.loads((REPO / component / "pyproject.toml").read_text())["project"]
+        assert meta["version"] == app, component
+        assert f'org.opencontainers.image.version="{app}"' in (REPO / dockerfile).read_text()
