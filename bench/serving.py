@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         loader=loader,
         enable_gpu_metrics=False,
     )
+    load_before = os.getloadavg()
     t0 = time.monotonic()
     base, app, _server = start_server(cfg)
     print(f"loaded and warmed in {time.monotonic() - t0:.0f}s", flush=True)
@@ -318,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "machine": platform.machine(),
             "note": "shared 2-core machine; other jobs may have run concurrently",
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
         },
         "runs": [r.__dict__ for r in results + baseline],
     }
