@@ -107,6 +107,7 @@ class DraftHead:
 
     def logits(self, hidden: torch.Tensor, cfg: HeadConfig) -> torch.Tensor:
         """(..., d) -> (..., V') logits over token_ids(cfg)."""
+        hidden = hidden.to(self.ranked_weight.dtype)  # e.g. an fp32 int8-quantised draft body
         n = cfg.subset_size
         if cfg.rank is None:
             if n == self.vocab and self.ranked_bias is None:
@@ -127,6 +128,7 @@ class DraftHead:
 
     def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the original head over the full vocabulary (original token order)."""
+        hidden = hidden.to(self.full_weight.dtype)
         return torch.nn.functional.linear(hidden, self.full_weight, self.full_bias)
 
 

