@@ -40,15 +40,32 @@ class CalibrationArtifact:
         return int(self.ranking.shape[0])
 
     def config_for(self, ratio: float, hidden: int) -> HeadConfig:
-        """Best measured candidate whose cost fits the ratio (subset-only by formula if none)."""
-        ratio = check_ratio(ratio)
-        fits = [c for c in self.candidates if c["ratio"] >= ratio - 1e-9]
-        if not fits:
+        """The measured candidate chosen for this ratio (subset-only by formula if none)."""
+        best = choose_candidate(self.candidates, check_ratio(ratio))
+        if best is None:
             return HeadConfig(subset_size_for_ratio(ratio, self.vocab), None)
-        best = max(fits, key=lambda c: (c["agreement"], c["ratio"]))
-        return HeadConfig(
-            int(best["subset_size"]), None if best["rank"] is None else int(best["rank"])
-        )
+        rank = None if best["rank"] is None else int(best["rank"])
+        return HeadConfig(int(best["subset_size"]), rank)
+
+
+RATIO_WINDOW = 0.05
+
+
+def choose_candidate(candidates: list[dict[str, Any]], ratio: float) -> dict[str, Any] | None:
+    """Best-agreement candidate removing between ratio and ratio + 0.05 of the head's work.
+
+    The window keeps the knob meaningful (asking for 0.3 gives about 0.3, not a
+    much smaller head that happened to measure as well); within it the measurement
+    decides between subset-only and low-rank heads. If nothing falls in the window,
+    the least-compressed candidate that still meets the ratio.
+    """
+    fits = [c for c in candidates if c["ratio"] >= ratio - 1e-9]
+    if not fits:
+        return None
+    window = [c for c in fits if c["ratio"] <= ratio + RATIO_WINDOW]
+    if window:
+        return max(window, key=lambda c: (c["agreement"], c["ratio"]))
+    return min(fits, key=lambda c: c["ratio"])
 
 
 def save_artifact(art: CalibrationArtifact, out_dir: str | Path) -> Path:

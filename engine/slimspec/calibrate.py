@@ -29,6 +29,7 @@ import torch
 from slimspec.artifact import (
     ARTIFACT_DIRNAME,
     CalibrationArtifact,
+    choose_candidate,
     ranking_from_counts,
     save_artifact,
     special_token_ids,
@@ -98,10 +99,9 @@ def agreement_prefix(
 def build_table(candidates: list[dict[str, Any]], full_agreement: float) -> list[dict[str, Any]]:
     table = []
     for r in TABLE_RATIOS:
-        fits = [c for c in candidates if c["ratio"] >= r - 1e-9]
-        if not fits:
+        best = choose_candidate(candidates, r)
+        if best is None:
             continue
-        best = max(fits, key=lambda c: (c["agreement"], c["ratio"]))
         table.append(
             {
                 "compression_ratio": r,
