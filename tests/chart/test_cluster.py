@@ -281,8 +281,11 @@ def chart_operator_run(
         release = f"op-{uuid.uuid4().hex[:6]}"
         args = ["--set", "example.enabled=true", "--set", "tests.enabled=false"]
         if scope == "namespace":
+            # Namespace scope with Kopf peering: the chart's KopfPeering object
+            # and the peering rules of its Role are exercised too.
             args += ["--set", "rbac.scope=namespace"]
             args += ["--set", f"rbac.watchNamespaces={{{namespace}}}"]
+            args += ["--set", "operator.peering.enabled=true"]
         helm("install", release, str(CHART), "-n", namespace, *args)
         r = rendered(release, namespace, *args)
         dep = r.one("Deployment")
@@ -303,9 +306,9 @@ def chart_operator_run(
         kube_cluster.kubectl(
             "delete", f"{P}.{G}", "--all", "-n", namespace, "--wait", "--timeout=30s", check=False
         )
-        helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s", check=False)
         op.stop()
         print(f"--- operator log ---\n{op.log()[-5000:]}")
+        helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s", check=False)
 
 
 @pytest.mark.parametrize("scope", ["cluster", "namespace"])

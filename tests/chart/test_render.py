@@ -141,22 +141,63 @@ def test_serviceaccount_must_be_named_when_not_created() -> None:
     assert r.one("ClusterRoleBinding")["subjects"][0]["name"] == "ops"
 
 
-def test_chart_crd_is_the_source_crd() -> None:
-    src = REPO / "crds" / "slimspecservice.yaml"
-    copy = CHART / "crds" / "slimspecservice.yaml"
-    assert copy.read_bytes() == src.read_bytes(), "run bash scripts/sync-chart-crd.sh"
+def test_chart_crds_are_the_source_crds() -> None:
+    src = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
+    assert "slimspecservice.yaml" in src
+    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == src
+    for name in src:
+        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
+            f"{name}: run bash scripts/sync-chart-crd.sh"
+        )
     proc = subprocess.run(
         ["bash", str(REPO / "scripts" / "sync-chart-crd.sh"), "--check"],
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    # helm ships it unchanged (crds/ is never templated).
-    with_crds = render("--include-crds")
-    crd = with_crds.one("CustomResourceDefinition")
-    assert crd == yaml.safe_load(src.read_text())
-    assert crd["spec"]["group"] == "slimspec.io"
-    assert crd["spec"]["names"]["kind"] == "SlimSpecService"
+    # helm ships them unchanged (crds/ is never templated).
+    crds = {
+        d["metadata"]["name"]: d
+        for d in render("--include-crds").of_kind("CustomResourceDefinition")
+    }
+    source = yaml.safe_load((REPO / "crds" / "slimspecservice.yaml").read_text())
+    assert crds["slimspecservices.slimspec.io"] == source
+    assert source["spec"]["group"] == "slimspec.io"
+    assert source["spec"]["names"]["kind"] == "SlimSpecService"
+    assert source["spec"]["names"]["shortNames"] == ["ssvc"]
+
+
+def test_peering_objects_follow_the_scope() -> None:
+    r = render("--set", "operator.peering.enabled=true")
+    (peering,) = r.of_kind("ClusterKopfPeering")
+    args = r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--peering={peering['metadata']['name']}" in args
+    assert "--standalone" not in args
+    r = render(
+        "--set",
+        "operator.peering.enabled=true",
+        "--set",
+        "rbac.scope=namespace",
+        "--set",
+        "rbac.watchNamespaces={a,b}",
+        "--set",
+        "operator.peering.name=ops",
+    )
+    assert {
+        (d["metadata"]["namespace"], d["metadata"]["name"]) for d in r.of_kind("KopfPeering")
+    } == {("a", "ops"), ("b", "ops")}
+    assert not r.of_kind("ClusterKopfPeering")
+    assert (
+        "--standalone"
+        in render().one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
+def test_more_than_one_replica_needs_peering() -> None:
+    proc = helm_template("--set", "operator.replicas=2", check=False)
+    assert proc.returncode != 0 and "needs operator.peering.enabled=true" in proc.stderr
+    r = render("--set", "operator.replicas=2", "--set", "operator.peering.enabled=true")
+    assert r.one("Deployment")["spec"]["replicas"] == 2
 
 
 def test_example_resource_matches_the_crd_schema(rendered_variants: dict) -> None:
