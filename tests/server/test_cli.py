@@ -87,3 +87,10 @@ def test_fetch_and_calibrate_delegate() -> None:
             [sys.executable, "-m", "slimspec", cmd, "--help"], capture_output=True, text=True
         )
         assert out.returncode == 0 and needle in out.stdout, out.stderr
+
+
+def test_operator_command_line_parses() -> None:
+    """docs/contracts.md: the args the operator gives the engine container."""
+    argv = ["--host", "0.0.0.0", "--port", "8080", "--max-queue", "32", "--batch-wait-ms", "5"]
+    cfg = build_config(serve_parser({}).parse_args(argv), {})
+    assert cfg.scheduler.max_queue == 32 and cfg.scheduler.batch_wait_s == 0.005
