@@ -179,6 +179,82 @@ def slimspec(dec: SpeculativeDecoder, prompts: list[list[int]], n: int) -> dict[
     }
 
 
+def profile_steps(dec: SpeculativeDecoder, ids: list[int], n: int) -> dict[str, Any]:
+    """Where a speculative step's time goes: draft body, draft head, target body, target
+    head, and the rest (masks, cache bookkeeping, verification, Python), per step."""
+    acc: dict[str, float] = {}
+
+    def timed(name: str, fn):
+        def run(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
+            return out
+
+        return run
+
+    orig_forward, orig_logits, orig_thead = dec._forward, dec.head.logits, dec._target_head
+
+    def forward(base: Any, kv: Any, *a: Any) -> Any:
+        if kv is not dec._kv_t and kv is not dec._kv_d:  # prefill builds its own caches
+            return orig_forward(base, kv, *a)
+        name = "target_body" if base is dec._target_base else "draft_body"
+        return timed(name, orig_forward)(base, kv, *a)
+
+    dec._forward = forward  # type: ignore[method-assign]
+    dec.head.logits = timed("draft_head", orig_logits)  # type: ignore[method-assign]
+    dec._target_head = timed("target_head", orig_thead)
+    try:
+        dec.stats = type(dec.stats)()
+        dec.generate(ids, n, stop_token_ids=[])
+    finally:
+        dec._forward, dec.head.logits, dec._target_head = orig_forward, orig_logits, orig_thead
+    s = dec.stats
+    steps = max(1, s.batch_steps)
+    body_t = acc.get("target_body", 0.0)
+    body_d = acc.get("draft_body", 0.0)
+    draft_ms = 1000 * s.draft_time_s / steps
+    verify_ms = 1000 * s.target_time_s / steps
+    per = {
+        "draft_phase_ms_per_step": draft_ms,
+        "verify_phase_ms_per_step": verify_ms,
+        "draft_forwards_per_step": s.draft_forwards / steps,
+        "draft_body_ms_per_step": 1000 * body_d / steps,
+        "draft_head_ms_per_step": 1000 * acc.get("draft_head", 0.0) / steps,
+        "target_body_ms_per_step": 1000 * body_t / steps,
+        "target_head_ms_per_step": 1000 * acc.get("target_head", 0.0) / steps,
+        "mean_accepted_length": s.mean_accepted_length,
+        "head": str(dec.head_config()),
+    }
+    per["draft_other_ms_per_step"] = (
+        draft_ms - per["draft_body_ms_per_step"] - per["draft_head_ms_per_step"]
+    )
+    per["verify_other_ms_per_step"] = (
+        verify_ms - per["target_body_ms_per_step"] - per["target_head_ms_per_step"]
+    )
+    return per
+
+
+def run_profile(args: argparse.Namespace) -> dict[str, Any]:
+    """Profile a bf16-draft and an int8-draft step on the first code prompt."""
+    target, tok = load_causal_lm(TARGET, dtype="bfloat16", device="cpu")
+    ids = code_prompts(tok, 1)[0]
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        ref = target_only(target, [ids], 16)
+    out["target_only_step_ms"] = ref["target_step_ms"]
+    for quant in (None, "int8"):
+        draft, _ = load_causal_lm(DRAFT, dtype="bfloat16", device="cpu")
+        dec = SpeculativeDecoder.from_models(
+            target, draft, tok, compression_ratio=0.8, draft_quantization=quant
+        )
+        dec.warmup()
+        out[f"{quant or 'bf16'}_draft_r0.8"] = profile_steps(dec, ids, args.tokens)
+        dec = draft = None
+        gc.collect()
+    return out
+
+
 def _strip(res: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in res.items() if k != "outputs"}
 
@@ -195,7 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fp32-check", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="only profile one draft/verify step and add it to an existing decode.json",
+    )
     args = ap.parse_args(argv)
+    if args.profile_only:
+        torch.set_num_threads(args.threads)
+        path = Path(args.out) / "decode.json"
+        doc = json.loads(path.read_text()) if path.is_file() else {}
+        doc["profile"] = run_profile(args)
+        path.write_text(json.dumps(doc, indent=1))
+        print(json.dumps(doc["profile"], indent=1))
+        return 0
     if args.quick:
         args.tokens, args.prompts = 32, 1
     torch.set_num_threads(args.threads)

@@ -344,8 +344,15 @@ class SpeculativeDecoder:
         return self._requested_ratio
 
     def set_compression_ratio(self, ratio: float) -> None:
+        """Request a ratio from the next draft step on.
+
+        Re-sending the ratio already requested is a no-op, so a settings push that
+        repeats itself does not undo a quality fallback; a different value resets it.
+        """
         r = check_ratio(ratio)
         with self._settings_lock:
+            if r == self._requested_ratio:
+                return
             self._ratio = self._requested_ratio = r
         self.quality.reset()
 

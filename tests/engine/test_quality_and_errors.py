@@ -60,9 +60,12 @@ def test_fallback_triggers_and_output_stays_exact(tiny_llama_pair, strategy):
     else:
         assert not dec.stats.fallbacks
         assert dec.compression_ratio == 0.8
-    # an explicit setting resets the ratio in force
+    # re-sending the same ratio keeps a fallback; a new value resets it
+    in_force = dec.compression_ratio
     dec.set_compression_ratio(0.8)
-    assert dec.compression_ratio == 0.8
+    assert dec.compression_ratio == in_force
+    dec.set_compression_ratio(0.7)
+    assert dec.compression_ratio == 0.7 == dec.requested_compression_ratio
 
 
 def test_good_head_does_not_fall_back(tiny_llama_pair):

@@ -69,3 +69,21 @@ def test_qwen_pair_fp32_greedy_equals_target(real_model_pair):
     res = dec.generate(ids, 24, stop_token_ids=[])
     assert res.output_ids == ref
     assert res.stats.mean_accepted_length > 1.5  # the real draft does agree often
+
+
+def test_seed_constructor_form(small_real_model, monkeypatch):
+    """SpeculativeDecoder(small_model_path=..., compression_ratio=0.3, vocab_size=100000)."""
+    monkeypatch.setenv("MODEL_PATH", str(small_real_model))  # target from MODEL_PATH
+    dec = SpeculativeDecoder(
+        small_model_path=str(small_real_model),
+        compression_ratio=0.3,
+        vocab_size=100000,
+        dtype="float32",
+        device="cpu",
+        num_draft_tokens=3,
+    )
+    assert dec.compression_ratio == 0.3
+    ids = dec.encode(CODE_PROMPTS[0])
+    res = dec.generate(ids, 12, stop_token_ids=[])
+    assert res.output_ids == target_greedy(dec.target, ids, 12)
+    assert res.stats.mean_accepted_length > 2  # draft == target: almost everything accepted
