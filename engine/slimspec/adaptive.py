@@ -18,15 +18,22 @@ def choose_k(
     k_min: int = 1,
     k_max: int = 8,
     verify_cost_per_token: float = 0.0,
+    single_cost: float = 1.0,
 ) -> int:
     """k maximising expected tokens per unit time.
 
-    Time of a step = k * draft_cost + 1 + k * verify_cost_per_token, in units of
-    a one-token target step (draft_cost = draft step / target step).
+    Time of a step = k * draft_cost + 1 + k * verify_cost_per_token, in units of a
+    multi-token verification (draft_cost = draft forward / verification). k = 0
+    (allowed when k_min == 0) is a plain one-token target step costing single_cost:
+    worth it when acceptance is too low for drafting to pay.
     """
     best_k, best = k_min, -1.0
     for k in range(k_min, k_max + 1):
-        rate = expected_tokens(alpha, k) / (k * draft_cost + 1.0 + k * verify_cost_per_token)
+        if k == 0:
+            rate = 1.0 / max(1e-6, single_cost)
+        else:
+            cost = k * draft_cost + 1.0 + k * verify_cost_per_token
+            rate = expected_tokens(alpha, k) / cost
         if rate > best + 1e-12:
             best_k, best = k, rate
     return best_k

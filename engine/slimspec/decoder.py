@@ -48,6 +48,7 @@ from slimspec.types import (
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+PROBE_EVERY = 8
 RATIO_LADDER = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -133,6 +134,7 @@ class _Row:
     stats: RequestStats = field(default_factory=RequestStats)
     seed: int | None = None  # sampling rows only; randomness is keyed by (seed, position)
     est: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    idle_steps: int = 0  # consecutive k = 0 steps (adaptive skip)
 
     @property
     def output(self) -> list[int]:
@@ -243,6 +245,7 @@ class SpeculativeDecoder:
         draft_quantization: str | None = None,
         shadow_every: int = 8,
         prefill_batch: int = 8,
+        adaptive_skip: bool = True,
         shadow_min_samples: int = 64,
         shadow_window: int = 256,
         names: tuple[str, str] = ("target", "draft"),
@@ -322,6 +325,10 @@ class SpeculativeDecoder:
         self.quality = QualityMonitor(shadow_window)
         self.stats = DecoderStats()
         self._cost_ratio = 0.3  # draft forward / target verify, EMA
+        self._single_ratio = 0.75  # one-token target step / multi-token verify, EMA
+        self._verify_multi_s: float | None = None
+        self._verify_single_s: float | None = None
+        self.adaptive_skip = adaptive_skip
 
         self._step_lock = threading.Lock()
         self._queue_lock = threading.Lock()
@@ -582,11 +589,29 @@ class SpeculativeDecoder:
         kv.after_forward(cache, real)
         return out.last_hidden_state
 
-    def _choose_k(self) -> int:
+    def _choose_k(self, all_greedy: bool) -> int:
+        """Largest per-row choice. k = 0 (a plain target step) only for all-greedy batches:
+        sampling rows must draft so their seeded randomness stays schedule-independent.
+        A row that chose 0 for PROBE_EVERY steps drafts once to re-measure acceptance."""
         if self._fixed_k is not None:
             return self._fixed_k
-        ks = [choose_k(r.est.alpha, self._cost_ratio, 1, self.max_draft_tokens) for r in self._rows]
-        return max(ks)
+        k_min = 0 if (all_greedy and self.adaptive_skip) else 1
+        ks = []
+        for r in self._rows:
+            k = choose_k(
+                r.est.alpha,
+                self._cost_ratio,
+                k_min,
+                self.max_draft_tokens,
+                single_cost=self._single_ratio,
+            )
+            if k == 0 and r.idle_steps >= PROBE_EVERY:
+                k = 1
+            ks.append(k)
+        k = max(ks)
+        for r in self._rows:
+            r.idle_steps = r.idle_steps + 1 if k == 0 else 0
+        return k
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -598,18 +623,24 @@ class SpeculativeDecoder:
         dev = self.device
         with self._settings_lock:
             ratio, threshold, strategy = self._ratio, self._threshold, self._strategy
-            k = self._choose_k()
+            k = self._choose_k(all(r.req.sampling.greedy for r in rows))
         cfg = self.head_config(ratio)
         subset_ids = self.head.token_ids(cfg)
         self._step_count += 1
-        shadow = ratio > 0 and self.shadow_every > 0 and self._step_count % self.shadow_every == 0
+        shadow = (
+            k > 0
+            and ratio > 0
+            and self.shadow_every > 0
+            and self._step_count % self.shadow_every == 0
+        )
         all_greedy = all(r.req.sampling.greedy for r in rows)
         temp, top_k, top_p = S.sampling_tensors([r.req.sampling for r in rows], dev)
 
         # Context-length guard: shrink k so no row exceeds the target's positions.
         if self._max_positions:
             room = min(self._max_positions - len(r.seq) for r in rows)
-            k = max(1, min(k, room - 1))
+            if k > 0:
+                k = max(1, min(k, room - 1))
 
         # ---- draft phase
         self._sync()
@@ -650,7 +681,10 @@ class SpeculativeDecoder:
             inp = tok.unsqueeze(1)
             inp_pos = (last_pos + 1 + j).unsqueeze(1)
             inp_real = torch.ones(b, 1, dtype=torch.bool, device=dev)
-        draft_tokens = torch.stack(drafts, dim=1)  # (B, k)
+        if drafts:
+            draft_tokens = torch.stack(drafts, dim=1)  # (B, k)
+        else:  # k = 0: a plain target step; the draft catches up later via `pending`
+            draft_tokens = torch.zeros(b, 0, dtype=torch.long, device=dev)
         self._sync()
         t1 = time.perf_counter()
 
@@ -687,7 +721,8 @@ class SpeculativeDecoder:
         bonus = torch.tensor([r.seed is None for r in rows], device=dev) | (num_acc < k)
         # ---- roll back: target keeps x_last + accepted; draft keeps pending + accepted drafts
         self._kv_t.invalidate_tail(target_len_before, num_acc + bonus.long())
-        self._kv_d.invalidate_tail(draft_len_before + p_len, num_acc)
+        if k > 0:
+            self._kv_d.invalidate_tail(draft_len_before + p_len, num_acc)
         draft_s, target_s = t1 - t0, t2 - t1
         self._update_timing(draft_s, target_s, k)
         if shadow:
@@ -700,11 +735,12 @@ class SpeculativeDecoder:
         for i, r in enumerate(rows):
             a = acc_list[i]
             old_len = len(r.seq)
-            r.draft_seen = old_len + min(a, k - 1)
+            if k > 0:
+                r.draft_seen = old_len + min(a, k - 1)
+                r.est.update(a, k)
             emitted = draft_list[i][:a] + ([next_list[i]] if bonus_list[i] else [])
             record_request_verification(r.stats, k, a)
             self.stats.record_verification(k, a)
-            r.est.update(a, k)
             r.stats.draft_time_s += draft_s
             r.stats.target_time_s += target_s
             new_tokens, reason = self._append(r, emitted)
@@ -749,9 +785,18 @@ class SpeculativeDecoder:
         return u.to(self.device)
 
     def _update_timing(self, draft_s: float, target_s: float, k: int) -> None:
-        if target_s > 0 and k > 0:
-            obs = (draft_s / k) / target_s
-            self._cost_ratio = 0.8 * self._cost_ratio + 0.2 * obs
+        def ema(old: float | None, new: float) -> float:
+            return new if old is None else 0.8 * old + 0.2 * new
+
+        if target_s <= 0:
+            return
+        if k > 0:
+            self._cost_ratio = ema(self._cost_ratio, (draft_s / k) / target_s)
+            self._verify_multi_s = ema(self._verify_multi_s, target_s)
+        else:
+            self._verify_single_s = ema(self._verify_single_s, target_s)
+        if self._verify_multi_s and self._verify_single_s:
+            self._single_ratio = self._verify_single_s / self._verify_multi_s
 
     def _shadow(
         self,

@@ -156,3 +156,29 @@ def test_compaction_keeps_outputs(tiny_weak_pair):
     for p, res in zip(ps, results, strict=True):
         assert res.output_ids == target_greedy(target, p, 60)
     assert dec.stats.batch_steps > 0
+
+
+def test_choose_k_pure():
+    from slimspec.adaptive import choose_k, expected_tokens
+
+    assert expected_tokens(0.5, 1) == 1.5
+    assert choose_k(0.95, 0.1, 1, 8) >= 5  # cheap draft, high acceptance: draft far
+    assert choose_k(0.3, 0.5, 1, 8) == 1
+    assert choose_k(0.3, 0.5, 0, 8, single_cost=0.7) == 0  # drafting does not pay
+    assert choose_k(0.9, 0.1, 0, 8, single_cost=0.7) > 0
+
+
+def test_adaptive_skip_greedy_is_exact_and_sampling_always_drafts(tiny_weak_pair):
+    target, draft = tiny_weak_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.0)
+    dec._cost_ratio = 0.9  # a draft nearly as slow as the target: skipping should win
+    ps = prompts(2, TINY_VOCAB, seed=21)
+    results = dec.generate_batch([_req(i, p, 40) for i, p in enumerate(ps)])
+    for p, res in zip(ps, results, strict=True):
+        assert res.output_ids == target_greedy(target, p, 40)
+    assert dec.stats.draft_forwards < dec.stats.batch_steps  # some steps did not draft
+    assert dec.stats.drafted > 0  # ... and probing drafted again
+    sp = SamplingParams(temperature=1.0, seed=1)
+    dec.stats = type(dec.stats)()
+    dec.generate_batch([GenerationRequest("s", ps[0], 30, sp)])
+    assert dec.stats.draft_forwards >= dec.stats.batch_steps
