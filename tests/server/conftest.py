@@ -67,6 +67,8 @@ class TinyModels:
 
         self.loads.append(ref)
         time.sleep(self.load_delay_s.get(ref.target, 0.0))
+        if ref.target.endswith("-slow"):  # a step takes >= 20 ms: timing tests on any machine
+            return SlowEngine(self.loader(replace(ref, target=ref.target.removesuffix("-slow"))))
         if ref.target not in self.models:
             raise FileNotFoundError(f"no such model {ref.target!r}")
         # each engine gets its own copies: a swap must really hold two models
@@ -77,6 +79,23 @@ class TinyModels:
 
         draft = copy.deepcopy(self.models[ref.draft])  # type: ignore[index]
         return SpeculativeDecoder.from_models(target, draft, self.tokenizer, compression_ratio=0.3)
+
+
+class SlowEngine:
+    """Wraps an engine so that every step takes at least step_s (deadline/cancel tests)."""
+
+    def __init__(self, inner: Any, step_s: float = 0.02) -> None:
+        self._inner = inner
+        self._step_s = step_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def step(self) -> Any:
+        t0 = time.monotonic()
+        out = self._inner.step()
+        time.sleep(max(0.0, self._step_s - (time.monotonic() - t0)))
+        return out
 
 
 @pytest.fixture(scope="session")

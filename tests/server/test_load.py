@@ -45,7 +45,8 @@ def test_batched_requests_get_exactly_what_they_get_alone(make_server) -> None: 
 
 def test_overload_answers_429_with_retry_after(make_server) -> None:  # type: ignore[no-untyped-def]
     cfg = SchedulerConfig(max_batch_size=1, max_queue=1, batch_wait_s=0)
-    with make_server(scheduler=cfg) as base:
+    slow = ModelRef("tiny-a-slow", "none", "v1", "float32")  # 40 tokens take >= 0.8 s
+    with make_server(scheduler=cfg, model=slow) as base:
         with ThreadPoolExecutor(8) as ex:
             rs = list(ex.map(lambda i: infer(base, f"load {i}", 40), range(8)))
         codes = sorted(r.status_code for r in rs)
@@ -61,14 +62,14 @@ def test_overload_answers_429_with_retry_after(make_server) -> None:  # type: ig
 
 def test_deadline_gives_504(make_server) -> None:  # type: ignore[no-untyped-def]
     limits = Limits(max_new_tokens=4000, max_input_tokens=400, request_timeout_s=0.3)
-    with make_server(limits=limits, model=ModelRef("tiny-a", "none", "v1", "float32")) as base:
+    with make_server(limits=limits, model=ModelRef("tiny-a-slow", "none", "v1", "float32")) as base:
         r = infer(base, "slow", 4000)
         assert r.status_code == 504 and "time limit" in r.json()["error"]["message"]
         assert infer(base, "fast", 1).status_code == 200
 
 
 def test_client_disconnect_cancels_generation(make_server) -> None:  # type: ignore[no-untyped-def]
-    with make_server(model=ModelRef("tiny-a", "none", "v1", "float32")) as base:
+    with make_server(model=ModelRef("tiny-a-slow", "none", "v1", "float32")) as base:
         sched = APPS[base].state.service.current.scheduler
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{base}/infer", json={"input": "x", "max_length": 256}, timeout=0.5)
