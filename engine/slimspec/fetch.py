@@ -446,6 +446,25 @@ def fetch_pair(name: str = "default", **kwargs: object) -> tuple[Path, Path]:
 # ---------------------------------------------------------------- CLI
 
 
+def fetch_hub_model(repo_id: str, revision: str, out: Path) -> Path:
+    """Download a hub model into `out` (the operator's init step for `source: huggingface`).
+
+    Not used on these test machines (no hub is reachable); a failure says why.
+    """
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(repo_id=repo_id, revision=revision, local_dir=str(out))
+    except Exception as exc:  # offline, unknown repo, auth: all mean "cannot fetch"
+        raise FetchError(
+            f"hub model {repo_id!r} at revision {revision!r} could not be downloaded into "
+            f"{out}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not (Path(path) / "config.json").is_file():
+        raise FetchError(f"hub model {repo_id!r} has no config.json: not a transformers model")
+    return Path(path)
+
+
 def _list(cache_dir: Path | None) -> None:
     for spec in MODELS.values():
         where = cached_model_path(spec.name, cache_dir)
@@ -464,8 +483,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     what.add_argument("--pair", help=f"model pair: {', '.join(PAIRS)}")
     what.add_argument("--model", action="append", help=f"registry model: {', '.join(MODELS)}")
     what.add_argument("--list", action="store_true", help="show registry and cache state")
+    what.add_argument(
+        "--hf", metavar="REPO_ID", help="download a Hugging Face hub model into --out (init step)"
+    )
+    parser.add_argument("--revision", default="main", help="hub revision for --hf")
     what.add_argument("--convert", type=Path, help=argparse.SUPPRESS)  # internal: child step
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help="target directory for --hf")
     parser.add_argument("--dtype", default=CONVERT_DTYPE, help=argparse.SUPPRESS)
     parser.add_argument("--vocab-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", type=Path, help="default: $SLIMSPEC_CACHE")
@@ -485,6 +508,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.list:
         _list(args.cache_dir)
+        return 0
+    if args.hf is not None:
+        if args.out is None:
+            parser.error("--hf needs --out")
+        try:
+            print(fetch_hub_model(args.hf, args.revision, args.out))
+        except FetchError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     try:
         if args.pair is not None:
