@@ -1,0 +1,141 @@
+"""draft_quantization="int8-fused" / "int4-fused": a hand-written low-bit draft forward
+(draft_int8.py).
+
+It changes draft speed and acceptance, never the output: greedy output must equal
+the target's own greedy decoding (fp32 targets), single and batched, on tiny
+Llama/Qwen2 pairs and on SmolLM2.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from slimspec import SpeculativeDecoder, draft_int8
+from slimspec.draft_int8 import FusedInt8Draft
+from slimspec.types import GenerationRequest, SamplingParams
+
+from tests.engine.helpers import prompts, target_greedy
+from tests.support.tiny_models import TINY_VOCAB
+
+pytestmark = pytest.mark.skipif(
+    not draft_int8.int8pack_available(), reason="torch lacks aten._weight_int8pack_mm"
+)
+MODES = ["int8-fused"] + (["int4-fused"] if draft_int8.int4pack_available() else [])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("pair", ["tiny_llama_pair", "tiny_qwen2_pair", "tiny_weak_pair"])
+def test_fused_draft_greedy_equals_target(pair, mode, request):
+    target, draft = request.getfixturevalue(pair)
+    dec = SpeculativeDecoder.from_models(
+        target, draft, compression_ratio=0.3, draft_quantization=mode
+    )
+    assert isinstance(dec.draft, FusedInt8Draft)
+    for p in prompts(3, TINY_VOCAB, seed=41):
+        assert dec.generate(p, 20, stop_token_ids=[]).output_ids == target_greedy(target, p, 20)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fused_draft_batched_fixed_k(tiny_llama_pair, mode):
+    """Ragged batch, rejections and cache compaction through the fused forward."""
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(
+        target, draft, compression_ratio=0.0, num_draft_tokens=4, draft_quantization=mode
+    )
+    ps = prompts(5, TINY_VOCAB, seed=42)
+    reqs = [GenerationRequest(f"r{i}", p, 24) for i, p in enumerate(ps)]
+    for p, res in zip(ps, dec.generate_batch(reqs), strict=True):
+        assert res.output_ids == target_greedy(target, p, 24)
+    assert dec.stats.accepted > 0  # the noisy-copy draft still agrees after int8
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fused_draft_tracks_the_original(tiny_qwen2_pair, mode):
+    """The low-bit forward approximates the original draft (q/k/v biases, GQA, RoPE)."""
+    from slimspec.kv import BatchKV
+    from transformers import DynamicCache
+
+    _, draft = tiny_qwen2_pair
+    base = draft.get_decoder()
+    fused = FusedInt8Draft(draft, mode).get_decoder()
+    if mode == "int4-fused":  # the tiny MLP shapes do take the int4 path
+        assert isinstance(fused.layers[0].gate_up, draft_int8.Int4Linear)
+    ids = torch.tensor([prompts(1, TINY_VOCAB, seed=43, lengths=(9,))[0]])
+    pos = torch.arange(ids.shape[1]).unsqueeze(0)
+    real = torch.ones_like(ids, dtype=torch.bool)
+    outs = []
+    for b in (base, fused):
+        kv = BatchKV("cpu")
+        mask = kv.mask_for(real, torch.float32)
+        with torch.inference_mode():
+            h = b(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                cache=DynamicCache(config=b.config),
+                use_cache=True,
+            ).last_hidden_state
+        outs.append(h.float())
+    cos = torch.nn.functional.cosine_similarity(outs[0].flatten(), outs[1].flatten(), dim=0)
+    assert cos > (0.99 if mode == "int8-fused" else 0.97)
+
+
+def test_fused_draft_sampling_is_seeded(tiny_llama_pair):
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, draft_quantization="int8-fused")
+    p = prompts(1, TINY_VOCAB, seed=44)[0]
+    sp = SamplingParams(temperature=0.9, seed=3)
+    a = dec.generate(p, 16, sp, stop_token_ids=[]).output_ids
+    assert a == dec.generate(p, 16, sp, stop_token_ids=[]).output_ids
+    assert len(a) == 16
+
+
+def test_fused_draft_rejects_unsupported_model_type(tiny_llama_pair):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    target, _ = tiny_llama_pair
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=TINY_VOCAB, n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match=r"int8-fused.*'gpt2'"):
+        SpeculativeDecoder.from_models(target, gpt2, draft_quantization="int8-fused")
+
+
+def test_fused_draft_needs_the_int8_kernel(tiny_llama_pair, monkeypatch):
+    target, draft = tiny_llama_pair
+    monkeypatch.setattr(draft_int8, "int8pack_available", lambda: False)
+    with pytest.raises(ValueError, match="_weight_int8pack_mm"):
+        SpeculativeDecoder.from_models(target, draft, draft_quantization="int8-fused")
+
+
+def test_int4_draft_needs_the_int4_kernel(tiny_llama_pair, monkeypatch):
+    target, draft = tiny_llama_pair
+    monkeypatch.setattr(draft_int8, "int4pack_available", lambda: False)
+    with pytest.raises(ValueError, match="_weight_int4pack_mm_for_cpu"):
+        SpeculativeDecoder.from_models(target, draft, draft_quantization="int4-fused")
+
+
+def test_fused_draft_leaves_the_model_alone(tiny_llama_pair):
+    _, draft = tiny_llama_pair
+    before = copy.deepcopy(draft.state_dict())
+    FusedInt8Draft(draft)
+    after = draft.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_fused_draft_smollm_equals_target(small_real_lm, mode):
+    """SmolLM2-135M (fp32) as target, its own low-bit copy as draft (shared fixture:
+    FusedInt8Draft only reads the weights)."""
+    model, tok = small_real_lm
+    dec = SpeculativeDecoder.from_models(
+        model, model, tok, compression_ratio=0.5, num_draft_tokens=4, draft_quantization=mode
+    )
+    texts = ["def fibonacci(n):\n    ", "The quick brown fox", "import os\n\nfor root in"]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    reqs = [GenerationRequest(f"r{i}", p, 32) for i, p in enumerate(ids)]
+    for p, res in zip(ids, dec.generate_batch(reqs), strict=True):
+        assert res.output_ids == target_greedy(model, p, 32)
+    # a low-bit copy of the target itself should agree most of the time
+    assert dec.stats.mean_accepted_length > 2.5
