@@ -66,6 +66,12 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         choices=["float32", "bfloat16", "float16"],
     )
     p.add_argument("--device", default=e("SLIMSPEC_DEVICE", "auto"))
+    p.add_argument(
+        "--draft-quantization",
+        default=e("SLIMSPEC_DRAFT_QUANTIZATION", "none"),
+        help="draft weights: none | int8 | int8-fused | int4-fused (CPU speed option, separate "
+        "from compression_ratio; output stays exact) (env SLIMSPEC_DRAFT_QUANTIZATION)",
+    )
     p.add_argument("--host", default=e("HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(e("PORT", "8080")))
     p.add_argument(
@@ -115,6 +121,20 @@ def _in_cluster_namespace() -> str | None:
     return f.read_text().strip() if f.exists() else None
 
 
+def draft_quantization(value: str) -> str | None:
+    """'none' (or empty) -> None; otherwise one of slimspec.draft_fast.QUANTIZATIONS."""
+    from slimspec.draft_fast import QUANTIZATIONS
+
+    mode = value.strip().lower()
+    if mode in ("", "none"):
+        return None
+    if mode not in QUANTIZATIONS:
+        raise ValueError(
+            f"--draft-quantization must be none or one of {', '.join(QUANTIZATIONS)}, got {value!r}"
+        )
+    return mode
+
+
 def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> ServerConfig
     from slimspec.batching import SchedulerConfig
     from slimspec.postprocess import FilterRules, parse_blocked_words
@@ -134,6 +154,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> Server
             version=args.model_version,
             dtype=args.dtype,
             device=args.device,
+            draft_quantization=draft_quantization(args.draft_quantization),
         ),
         scheduler=SchedulerConfig(
             max_batch_size=args.max_batch_size,

@@ -57,6 +57,17 @@ def test_invalid_values_are_refused() -> None:
         build_config(serve_parser({}).parse_args(["--max-batch-size", "300"]), {})
 
 
+def test_draft_quantization_from_env_and_flag() -> None:
+    assert build_config(serve_parser({}).parse_args([]), {}).model.draft_quantization is None
+    env = {"SLIMSPEC_DRAFT_QUANTIZATION": "int8-fused"}
+    cfg = build_config(serve_parser(env).parse_args([]), env)
+    assert cfg.model.draft_quantization == "int8-fused"
+    args = serve_parser(env).parse_args(["--draft-quantization", "none"])
+    assert build_config(args, env).model.draft_quantization is None
+    with pytest.raises(ValueError, match="draft-quantization"):
+        build_config(serve_parser({}).parse_args(["--draft-quantization", "fp4"]), {})
+
+
 def test_admin_token_sources(tmp_path: Path) -> None:
     f = tmp_path / "token"
     f.write_text("from-file\n")

@@ -28,7 +28,11 @@ def default_loader(ref: ModelRef) -> Any:
             log.warning("speculative decoder unavailable (%s); serving target-only", exc)
         else:
             return SpeculativeDecoder.from_pretrained(
-                target=ref.target, draft=ref.draft, dtype=ref.dtype, device=device
+                target=ref.target,
+                draft=ref.draft,
+                dtype=ref.dtype,
+                device=device,
+                draft_quantization=ref.draft_quantization,
             )
     from slimspec.server.baseline import TargetOnlyEngine
 

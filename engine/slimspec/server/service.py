@@ -34,6 +34,7 @@ class ModelRef:
     version: str = "unversioned"
     dtype: str = "bfloat16"
     device: str = "cpu"
+    draft_quantization: str | None = None  # None = the draft as loaded; see draft_fast.py
 
 
 @dataclass(frozen=True)
