@@ -67,6 +67,13 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default=e("SLIMSPEC_DEVICE", "auto"))
     p.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=int(e("SLIMSPEC_NUM_DRAFT_TOKENS", "0")),
+        help="fixed number of draft tokens per step, 1-16; 0 = adaptive (env "
+        "SLIMSPEC_NUM_DRAFT_TOKENS)",
+    )
+    p.add_argument(
         "--draft-quantization",
         default=e("SLIMSPEC_DRAFT_QUANTIZATION", "none"),
         help="draft weights: none | int8 | int8-fused | int4-fused (CPU speed option, separate "
@@ -135,6 +142,15 @@ def draft_quantization(value: str) -> str | None:
     return mode
 
 
+def num_draft_tokens(value: int) -> int | None:
+    """0 -> None (adaptive k); 1..16 -> a fixed k."""
+    if value == 0:
+        return None
+    if not 1 <= value <= 16:
+        raise ValueError(f"--num-draft-tokens must be 0 (adaptive) or 1-16, got {value}")
+    return value
+
+
 def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> ServerConfig
     from slimspec.batching import SchedulerConfig
     from slimspec.postprocess import FilterRules, parse_blocked_words
@@ -155,6 +171,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> Server
             dtype=args.dtype,
             device=args.device,
             draft_quantization=draft_quantization(args.draft_quantization),
+            num_draft_tokens=num_draft_tokens(args.num_draft_tokens),
         ),
         scheduler=SchedulerConfig(
             max_batch_size=args.max_batch_size,

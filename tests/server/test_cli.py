@@ -68,6 +68,14 @@ def test_draft_quantization_from_env_and_flag() -> None:
         build_config(serve_parser({}).parse_args(["--draft-quantization", "fp4"]), {})
 
 
+def test_num_draft_tokens_fixed_or_adaptive() -> None:
+    assert build_config(serve_parser({}).parse_args([]), {}).model.num_draft_tokens is None
+    env = {"SLIMSPEC_NUM_DRAFT_TOKENS": "4"}
+    assert build_config(serve_parser(env).parse_args([]), env).model.num_draft_tokens == 4
+    with pytest.raises(ValueError, match="num-draft-tokens"):
+        build_config(serve_parser({}).parse_args(["--num-draft-tokens", "40"]), {})
+
+
 def test_admin_token_sources(tmp_path: Path) -> None:
     f = tmp_path / "token"
     f.write_text("from-file\n")

@@ -92,6 +92,9 @@ def engine_process(
     argv = [PYTHON, "-m", "slimspec", "serve", "--target", model, "--draft", model]
     argv += ["--dtype", "float32", "--device", "cpu", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--max-batch-size", "4", "--log-level", "warning"]
+    # Draft = target here, so adaptive k would find drafting never pays and stop drafting;
+    # then the shadow check never measures kept acceptance and the tuner (rightly) holds.
+    argv += ["--num-draft-tokens", "3"]
     return Process(argv, env, workdir / "engine.log")
 
 

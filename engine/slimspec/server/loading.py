@@ -33,6 +33,7 @@ def default_loader(ref: ModelRef) -> Any:
                 dtype=ref.dtype,
                 device=device,
                 draft_quantization=ref.draft_quantization,
+                num_draft_tokens=ref.num_draft_tokens,
             )
     from slimspec.server.baseline import TargetOnlyEngine
 

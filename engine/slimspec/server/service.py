@@ -35,6 +35,7 @@ class ModelRef:
     dtype: str = "bfloat16"
     device: str = "cpu"
     draft_quantization: str | None = None  # None = the draft as loaded; see draft_fast.py
+    num_draft_tokens: int | None = None  # None = adaptive k
 
 
 @dataclass(frozen=True)
