@@ -243,6 +243,7 @@ class SpeculativeDecoder:
         fallback_strategy: str = "auto",
         calibration: str | Path | CalibrationArtifact | None = None,
         draft_quantization: str | None = None,
+        pack_target: bool | None = None,
         shadow_every: int = 8,
         prefill_batch: int = 8,
         adaptive_skip: bool = True,
@@ -301,6 +302,8 @@ class SpeculativeDecoder:
             bias=bias.detach() if bias is not None else None,
         )
         self.draft_quantization = draft_quantization
+        # Multi-token verification at one-token cost on CPU (cpu_pack.py); None = auto.
+        self.target_packed = self._maybe_pack_target(pack_target)
         if draft_quantization is not None:
             from slimspec.draft_fast import quantize_draft
 
@@ -339,6 +342,23 @@ class SpeculativeDecoder:
         self._kv_d = BatchKV(self.device)
         self._results: dict[str, GenerationResult] = {}
         self._step_count = 0
+
+    def _maybe_pack_target(self, pack: bool | None) -> bool:
+        from slimspec import cpu_pack
+
+        dtype = self._target_head.weight.dtype
+        usable = self.device.type == "cpu" and cpu_pack.packing_available(dtype)
+        if pack is None:
+            pack = usable and os.environ.get("SLIMSPEC_PACK_TARGET", "1") != "0"
+        elif pack and not usable:
+            raise ValueError(
+                f"pack_target=True needs a bf16/fp16 target on CPU with oneDNN, got "
+                f"{dtype} on {self.device}"
+            )
+        if pack:
+            cpu_pack.pack_target(self.target)
+            self._target_head = self.target.get_output_embeddings()
+        return bool(pack)
 
     # ----------------------------------------------------------------- settings
     @property
@@ -606,7 +626,8 @@ class SpeculativeDecoder:
                 single_cost=self._single_ratio,
             )
             if k == 0 and r.idle_steps >= PROBE_EVERY:
-                k = 1
+                # Re-measure acceptance with the k drafting would use, not a lone token.
+                k = choose_k(r.est.alpha, self._cost_ratio, 1, self.max_draft_tokens)
             ks.append(k)
         k = max(ks)
         for r in self._rows:
@@ -663,7 +684,11 @@ class SpeculativeDecoder:
         q_subs: list[torch.Tensor] = []
         comp_argmax: list[torch.Tensor] = []
         full_argmax: list[torch.Tensor] = []
+        first_s = 0.0
         for j in range(k):
+            if j == 1:
+                self._sync()
+                first_s = time.perf_counter() - t0
             hidden = self._forward(self._draft_base, self._kv_d, inp, inp_pos, inp_real)[:, -1]
             logits = self.head.logits(hidden, cfg)
             if all_greedy:
@@ -724,7 +749,7 @@ class SpeculativeDecoder:
         if k > 0:
             self._kv_d.invalidate_tail(draft_len_before + p_len, num_acc)
         draft_s, target_s = t1 - t0, t2 - t1
-        self._update_timing(draft_s, target_s, k)
+        self._update_timing(draft_s, target_s, k, first_s if p_len > 2 else None)
         if shadow:
             self._shadow(comp_argmax, full_argmax, t_argmax, k, threshold, strategy, ratio)
 
@@ -784,14 +809,27 @@ class SpeculativeDecoder:
                 u[i] = torch.tensor([S.uniform(r.seed, base + j, stream) for j in range(n)])
         return u.to(self.device)
 
-    def _update_timing(self, draft_s: float, target_s: float, k: int) -> None:
+    def _update_timing(
+        self, draft_s: float, target_s: float, k: int, catch_up_s: float | None
+    ) -> None:
+        """EMAs of the draft forward / verification cost and the plain step / verification.
+
+        catch_up_s: time of the first draft forward when it also fed a backlog of tokens
+        (after k = 0 steps). That forward is not what one more draft token costs, so it
+        is left out; counting it made drafting look dear and kept k at 0 for good.
+        """
+
         def ema(old: float | None, new: float) -> float:
             return new if old is None else 0.8 * old + 0.2 * new
 
         if target_s <= 0:
             return
         if k > 0:
-            self._cost_ratio = ema(self._cost_ratio, (draft_s / k) / target_s)
+            if catch_up_s is None:
+                self._cost_ratio = ema(self._cost_ratio, (draft_s / k) / target_s)
+            elif k > 1:
+                per_forward = (draft_s - catch_up_s) / (k - 1)
+                self._cost_ratio = ema(self._cost_ratio, per_forward / target_s)
             self._verify_multi_s = ema(self._verify_multi_s, target_s)
         else:
             self._verify_single_s = ema(self._verify_single_s, target_s)
