@@ -39,6 +39,23 @@ def choose_k(
     return best_k
 
 
+def draft_forward_seconds(draft_s: float, k: int, catch_up_s: float | None) -> float | None:
+    """Time of one more draft token, from a draft phase of k forwards that took draft_s.
+
+    catch_up_s is the first forward's time when it also fed a backlog (tokens emitted
+    by k = 0 steps): that forward says nothing about the marginal draft token, so it is
+    left out, and with k = 1 the phase gives no sample at all (None). Counting it made
+    drafting look dear after a few k = 0 steps and kept k at 0 for good.
+    """
+    if k <= 0:
+        return None
+    if catch_up_s is None:
+        return draft_s / k
+    if k == 1:
+        return None
+    return max(0.0, draft_s - catch_up_s) / (k - 1)
+
+
 @dataclass
 class AcceptanceEstimate:
     """Decayed counts of accepted vs rejected draft tokens -> per-token acceptance alpha."""

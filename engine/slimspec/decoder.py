@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from slimspec import sampling as S
-from slimspec.adaptive import AcceptanceEstimate, choose_k
+from slimspec.adaptive import AcceptanceEstimate, choose_k, draft_forward_seconds
 from slimspec.artifact import CalibrationArtifact, find_artifact, load_artifact, quick_ranking
 from slimspec.head import DraftHead, HeadConfig, check_ratio, subset_size_for_ratio
 from slimspec.kv import BatchKV
@@ -812,12 +812,7 @@ class SpeculativeDecoder:
     def _update_timing(
         self, draft_s: float, target_s: float, k: int, catch_up_s: float | None
     ) -> None:
-        """EMAs of the draft forward / verification cost and the plain step / verification.
-
-        catch_up_s: time of the first draft forward when it also fed a backlog of tokens
-        (after k = 0 steps). That forward is not what one more draft token costs, so it
-        is left out; counting it made drafting look dear and kept k at 0 for good.
-        """
+        """EMAs of the draft forward / verification cost and the plain step / verification."""
 
         def ema(old: float | None, new: float) -> float:
             return new if old is None else 0.8 * old + 0.2 * new
@@ -825,10 +820,8 @@ class SpeculativeDecoder:
         if target_s <= 0:
             return
         if k > 0:
-            if catch_up_s is None:
-                self._cost_ratio = ema(self._cost_ratio, (draft_s / k) / target_s)
-            elif k > 1:
-                per_forward = (draft_s - catch_up_s) / (k - 1)
+            per_forward = draft_forward_seconds(draft_s, k, catch_up_s)
+            if per_forward is not None:
                 self._cost_ratio = ema(self._cost_ratio, per_forward / target_s)
             self._verify_multi_s = ema(self._verify_multi_s, target_s)
         else:

@@ -8,6 +8,8 @@ separate from compression_ratio; the target is never touched, so output stays ex
   (draft_int8.py); bfloat16 activations.
 - "int4-fused": the same forward with the MLP weights in int4 groups of 64 (attention
   stays int8): the fastest draft step on CPU, at slightly lower acceptance.
+- "bf16-fused": the same forward with every weight in bfloat16 (no quantisation, so
+  the draft proposes what the bf16 draft proposes; only the framework overhead goes).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-QUANTIZATIONS = ("int8", "int8-fused", "int4-fused")
+QUANTIZATIONS = ("int8", "int8-fused", "int4-fused", "bf16-fused")
 
 
 def quantize_draft(model: Any, mode: str) -> Any:
@@ -26,7 +28,7 @@ def quantize_draft(model: Any, mode: str) -> Any:
     """
     if mode not in QUANTIZATIONS:
         raise ValueError(f"draft_quantization must be one of {QUANTIZATIONS} or None, got {mode!r}")
-    if mode in ("int8-fused", "int4-fused"):
+    if mode in ("int8-fused", "int4-fused", "bf16-fused"):
         from slimspec.draft_int8 import FusedInt8Draft
 
         return FusedInt8Draft(model, mode)

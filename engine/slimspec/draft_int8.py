@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+FUSED_BITS = {"int8-fused": 8, "int4-fused": 4, "bf16-fused": 16}  # mode -> MLP weight bits
 INT4_GROUP = 64
 
 
@@ -74,7 +75,7 @@ def check_supported(model: Any, mode: str = "int8-fused") -> None:
         raise ValueError(f"{mode} draft supports full attention only (use_sliding_window)")
     if getattr(cfg, "mlp_bias", False):
         raise ValueError(f"{mode} draft does not support mlp_bias=True")
-    if not int8pack_available():
+    if mode != "bf16-fused" and not int8pack_available():
         raise ValueError(
             f"draft_quantization={mode!r} needs torch.ops.aten._weight_int8pack_mm, "
             f"which this torch build ({torch.__version__}) lacks; use 'int8' or None"
@@ -103,6 +104,19 @@ class Int8Linear:
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+
+class DenseLinear:
+    """y = x @ W.T + bias with W kept in bfloat16 (the "bf16-fused" draft: no quantisation,
+    only the fused projections and the lean forward)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        self.w = weight.detach().to(dtype).contiguous()
+        self.bias = None if bias is None else bias.detach().to(dtype)
+        self.out_features = self.w.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w, self.bias)
 
 
 class Int4Linear:
@@ -135,8 +149,14 @@ class Int4Linear:
         return y.reshape(*lead, self.out_features)
 
 
-def _low_bit(weight: torch.Tensor, dtype: torch.dtype, bits: int) -> Int8Linear | Int4Linear:
-    """int4 where asked and the shape allows (tiny test models may not), else int8."""
+Projection = Int8Linear | Int4Linear | DenseLinear
+
+
+def _low_bit(weight: torch.Tensor, dtype: torch.dtype, bits: int) -> Projection:
+    """int4 where asked and the shape allows (tiny test models may not), bf16 for 16,
+    else int8."""
+    if bits == 16:
+        return DenseLinear(weight, None, dtype)
     if bits == 4 and Int4Linear.fits(weight):
         return Int4Linear(weight, dtype)
     return Int8Linear(weight, None, dtype)
@@ -161,13 +181,14 @@ class _Layer:
         self.n_q = attn.q_proj.out_features // self.head_dim
         self.n_kv = attn.k_proj.out_features // self.head_dim
         self.scaling = float(attn.scaling)
-        self.qkv = Int8Linear(
+        attn_linear = DenseLinear if mlp_bits == 16 else Int8Linear
+        self.qkv: Projection = attn_linear(
             torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
             _cat_bias(attn.q_proj, attn.k_proj, attn.v_proj),
             dtype,
         )
         o_bias = attn.o_proj.bias
-        self.o = Int8Linear(attn.o_proj.weight, o_bias, dtype)
+        self.o: Projection = attn_linear(attn.o_proj.weight, o_bias, dtype)
         self.inter = mlp.gate_proj.out_features
         self.gate_up = _low_bit(
             torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), dtype, mlp_bits
@@ -241,9 +262,9 @@ class FusedInt8Draft:
     """
 
     def __init__(self, model: Any, mode: str = "int8-fused") -> None:
-        if mode not in ("int8-fused", "int4-fused"):
+        if mode not in FUSED_BITS:
             raise ValueError(
-                f"FusedInt8Draft mode must be 'int8-fused' or 'int4-fused', got {mode!r}"
+                f"FusedInt8Draft mode must be one of {sorted(FUSED_BITS)}, got {mode!r}"
             )
         check_supported(model, mode)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -252,7 +273,7 @@ class FusedInt8Draft:
         dtype = torch.bfloat16
         self.config = model.config
         self.mode = mode
-        self._base = FusedInt8Base(base, dtype, mlp_bits=4 if mode == "int4-fused" else 8)
+        self._base = FusedInt8Base(base, dtype, mlp_bits=FUSED_BITS[mode])
         self._head = model.get_output_embeddings()
 
     def get_decoder(self) -> FusedInt8Base:

@@ -168,6 +168,16 @@ def test_choose_k_pure():
     assert choose_k(0.9, 0.1, 0, 8, single_cost=0.7) > 0
 
 
+def test_draft_cost_sample_leaves_out_the_catch_up_forward():
+    from slimspec.adaptive import draft_forward_seconds
+
+    assert draft_forward_seconds(0.3, 3, None) == pytest.approx(0.1)
+    # 3 forwards in 0.5 s, the first fed a backlog and took 0.3 s: one more token = 0.1 s
+    assert draft_forward_seconds(0.5, 3, 0.3) == pytest.approx(0.1)
+    assert draft_forward_seconds(0.4, 1, 0.4) is None  # only the catch-up forward ran
+    assert draft_forward_seconds(0.0, 0, None) is None
+
+
 def test_adaptive_skip_greedy_is_exact_and_sampling_always_drafts(tiny_weak_pair):
     target, draft = tiny_weak_pair
     dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.0)

@@ -22,7 +22,7 @@ from tests.support.tiny_models import TINY_VOCAB
 pytestmark = pytest.mark.skipif(
     not draft_int8.int8pack_available(), reason="torch lacks aten._weight_int8pack_mm"
 )
-MODES = ["int8-fused"] + (["int4-fused"] if draft_int8.int4pack_available() else [])
+MODES = ["int8-fused", "bf16-fused"] + (["int4-fused"] if draft_int8.int4pack_available() else [])
 
 
 @pytest.mark.parametrize("mode", MODES)
