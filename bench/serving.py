@@ -207,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--draft-quantization",
+        default="auto",
+        help="none | auto | int4-fused | ... (engine option)",
+    )
     p.add_argument("--clients", default="1,4,8,16")
     p.add_argument("--window", type=float, default=30.0, help="seconds per configuration")
     p.add_argument("--max-new-tokens", type=int, default=24)
@@ -233,7 +238,16 @@ def main(argv: list[str] | None = None) -> int:
         return loaded["spec"]
 
     cfg = ServerConfig(
-        model=ModelRef(args.target, args.draft, "bench", args.dtype, "cpu"),
+        model=ModelRef(
+            args.target,
+            args.draft,
+            "bench",
+            args.dtype,
+            "cpu",
+            draft_quantization=None
+            if args.draft_quantization == "none"
+            else args.draft_quantization,
+        ),
         scheduler=SchedulerConfig(max_batch_size=1, max_queue=256, batch_wait_s=0.01),
         limits=Limits(request_timeout_s=3600),
         loader=loader,
@@ -312,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             "target": args.target,
             "draft": args.draft,
             "dtype": args.dtype,
+            "draft_quantization": args.draft_quantization,
             "device": "cpu",
             "window_s": args.window,
             "max_new_tokens": args.max_new_tokens,

@@ -11,6 +11,7 @@
 #   SLIMSPEC_PAIR     model pair from the registry: default | small | gemma (default)
 #   SLIMSPEC_DTYPE    float32 | bfloat16 | float16 (bfloat16: the fast choice on CPU)
 #   SLIMSPEC_DEVICE   cpu | cuda | auto (auto: cuda when there is one, else cpu)
+#   SLIMSPEC_DRAFT_QUANTIZATION  auto (default here: int4-fused draft on CPU) | none | ...
 # Extra arguments go to `slimspec serve` (e.g. --compression-ratio 0.5).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -33,6 +34,7 @@ exec "$VENV/bin/slimspec" serve \
   --draft "${dirs[1]}" \
   --dtype "${SLIMSPEC_DTYPE:-bfloat16}" \
   --device "${SLIMSPEC_DEVICE:-auto}" \
+  --draft-quantization "${SLIMSPEC_DRAFT_QUANTIZATION:-auto}" \
   --host "$host" \
   --port "$port" \
   "$@"

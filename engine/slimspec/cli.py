@@ -76,8 +76,9 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument(
         "--draft-quantization",
         default=e("SLIMSPEC_DRAFT_QUANTIZATION", "none"),
-        help="draft weights: none | int8 | int8-fused | int4-fused (CPU speed option, separate "
-        "from compression_ratio; output stays exact) (env SLIMSPEC_DRAFT_QUANTIZATION)",
+        help="draft weights: none | auto | int8 | int8-fused | int4-fused | bf16-fused (a "
+        "speed option, separate from compression_ratio; output stays exact; auto = "
+        "int4-fused on CPU for Llama/Qwen2 drafts, else none) (env SLIMSPEC_DRAFT_QUANTIZATION)",
     )
     p.add_argument("--host", default=e("HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(e("PORT", "8080")))
@@ -129,15 +130,16 @@ def _in_cluster_namespace() -> str | None:
 
 
 def draft_quantization(value: str) -> str | None:
-    """'none' (or empty) -> None; otherwise one of slimspec.draft_fast.QUANTIZATIONS."""
-    from slimspec.draft_fast import QUANTIZATIONS
+    """'none' (or empty) -> None; 'auto' or one of slimspec.draft_fast.QUANTIZATIONS."""
+    from slimspec.draft_fast import AUTO, QUANTIZATIONS
 
     mode = value.strip().lower()
     if mode in ("", "none"):
         return None
-    if mode not in QUANTIZATIONS:
+    if mode != AUTO and mode not in QUANTIZATIONS:
         raise ValueError(
-            f"--draft-quantization must be none or one of {', '.join(QUANTIZATIONS)}, got {value!r}"
+            f"--draft-quantization must be none, {AUTO} or one of {', '.join(QUANTIZATIONS)}, "
+            f"got {value!r}"
         )
     return mode
 

@@ -301,6 +301,10 @@ class SpeculativeDecoder:
             b=art.b if art is not None else None,
             bias=bias.detach() if bias is not None else None,
         )
+        if draft_quantization == "auto":
+            from slimspec.draft_fast import resolve_auto
+
+            draft_quantization = resolve_auto(self.draft, self.device)
         self.draft_quantization = draft_quantization
         # Multi-token verification at one-token cost on CPU (cpu_pack.py); None = auto.
         self.target_packed = self._maybe_pack_target(pack_target)

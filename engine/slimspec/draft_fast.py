@@ -19,6 +19,20 @@ from typing import Any
 import torch
 
 QUANTIZATIONS = ("int8", "int8-fused", "int4-fused", "bf16-fused")
+AUTO = "auto"  # int4-fused where it runs (CPU, Llama/Qwen2 draft, kernels present), else none
+
+
+def resolve_auto(model: Any, device: torch.device) -> str | None:
+    """What draft_quantization="auto" means for this draft on this device."""
+    if device.type != "cpu":
+        return None  # the fused kernels used here are the CPU ones
+    from slimspec.draft_int8 import check_supported
+
+    try:
+        check_supported(model, "int4-fused")
+    except ValueError:
+        return None
+    return "int4-fused"
 
 
 def quantize_draft(model: Any, mode: str) -> Any:
@@ -27,7 +41,9 @@ def quantize_draft(model: Any, mode: str) -> Any:
     The LM head is left alone: the compressed head (head.py) reads its weight.
     """
     if mode not in QUANTIZATIONS:
-        raise ValueError(f"draft_quantization must be one of {QUANTIZATIONS} or None, got {mode!r}")
+        raise ValueError(
+            f"draft_quantization must be one of {QUANTIZATIONS}, {AUTO!r} or None, got {mode!r}"
+        )
     if mode in ("int8-fused", "int4-fused", "bf16-fused"):
         from slimspec.draft_int8 import FusedInt8Draft
 

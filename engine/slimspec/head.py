@@ -159,3 +159,58 @@ def fit_activation_aware(
     # A = V_r^T L^-1  <=>  A L = V_r^T  <=>  L^T A^T = V_r
     a = torch.linalg.solve_triangular(chol.T, vh[:r].T, upper=True).T
     return a.float(), b.float()
+
+
+def low_rank_kl(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor,
+    hidden_states: torch.Tensor,
+    rank: int,
+) -> float:
+    """Mean KL(softmax(W h) || softmax(B_r A_r h)) over the given states (nats)."""
+    with torch.no_grad():
+        teacher = torch.log_softmax(hidden_states @ weight.T, dim=-1)
+        student = torch.log_softmax((hidden_states @ a[:rank].T) @ b[:, :rank].T, dim=-1)
+        return float((teacher.exp() * (teacher - student)).sum(-1).mean())
+
+
+def distill_low_rank(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor,
+    hidden_states: torch.Tensor,
+    ranks: list[int],
+    steps: int = 60,
+    lr: float = 1e-3,
+    batch: int = 256,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Refine nested low-rank factors by a short distillation from the full head.
+
+    Minimises, summed over `ranks` (so every prefix slice stays usable), the KL from
+    the full head's distribution softmax(W h) to the low-rank one softmax(B_r A_r h)
+    on calibration states, with Adam from the activation-aware fit. That fit spreads
+    the rank over the whole logit vector; the distillation moves it to the top of the
+    distribution, which is what decides the draft's choice. Returns new (a, b).
+    """
+    g = torch.Generator().manual_seed(seed)
+    a = a.detach().clone().float().requires_grad_(True)
+    b = b.detach().clone().float().requires_grad_(True)
+    w = weight.detach().float()
+    h_all = hidden_states.detach().float()
+    opt = torch.optim.Adam([a, b], lr=lr)
+    with torch.enable_grad(), torch.inference_mode(False):
+        for _ in range(steps):
+            idx = torch.randint(0, h_all.shape[0], (min(batch, h_all.shape[0]),), generator=g)
+            h = h_all[idx]
+            with torch.no_grad():
+                teacher = torch.softmax(h @ w.T, dim=-1)
+            loss = torch.zeros(())
+            for r in ranks:
+                student = torch.log_softmax((h @ a[:r].T) @ b[:, :r].T, dim=-1)
+                loss = loss - (teacher * student).sum(-1).mean()  # cross-entropy = KL + const
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return a.detach(), b.detach()

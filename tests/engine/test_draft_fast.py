@@ -25,3 +25,24 @@ def test_unknown_quantization(tiny_llama_pair):
     target, draft = tiny_llama_pair
     with pytest.raises(ValueError, match="draft_quantization"):
         SpeculativeDecoder.from_models(target, copy.deepcopy(draft), draft_quantization="int3")
+
+
+def test_auto_quantization_picks_int4_fused_on_cpu_for_llama(tiny_llama_pair):
+    from slimspec import draft_int8
+
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, copy.deepcopy(draft), draft_quantization="auto")
+    want = "int4-fused" if draft_int8.int4pack_available() else None
+    assert dec.draft_quantization == want
+    for p in prompts(2, TINY_VOCAB, seed=43):
+        assert dec.generate(p, 16, stop_token_ids=[]).output_ids == target_greedy(target, p, 16)
+
+
+def test_auto_quantization_leaves_unsupported_drafts_alone():
+    import torch
+    from slimspec.draft_fast import resolve_auto
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    assert resolve_auto(gpt2, torch.device("cpu")) is None
+    assert resolve_auto(gpt2, torch.device("cuda")) is None

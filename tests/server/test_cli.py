@@ -64,6 +64,8 @@ def test_draft_quantization_from_env_and_flag() -> None:
     assert cfg.model.draft_quantization == "int8-fused"
     args = serve_parser(env).parse_args(["--draft-quantization", "none"])
     assert build_config(args, env).model.draft_quantization is None
+    args = serve_parser({}).parse_args(["--draft-quantization", "auto"])
+    assert build_config(args, {}).model.draft_quantization == "auto"
     with pytest.raises(ValueError, match="draft-quantization"):
         build_config(serve_parser({}).parse_args(["--draft-quantization", "fp4"]), {})
 
