@@ -20,12 +20,12 @@ import pytest
 import yaml
 from kubernetes import client
 
+from tests.support.chart_rbac import chart_operator_role_all_modes
 from tests.support.cluster import KubeCluster
 from tests.support.tools import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "slimspecservice.yaml"
-OPERATOR_ROLE = ROOT / "operator" / "rbac" / "clusterrole.yaml"
 G, V, P = "slimspec.io", "v1alpha1", "slimspecservices"
 OPERATOR_NS = "slimspec-system"
 HASH = "slimspec.io/template-hash"
@@ -50,11 +50,17 @@ def sample(name: str = "chat", version: str = "v1", **spec: Any) -> dict[str, An
 
 
 @pytest.fixture(scope="session")
-def operator_kubeconfig(kube_cluster: KubeCluster) -> Path:
-    """CRD installed; a ServiceAccount bound to exactly operator/rbac/clusterrole.yaml."""
+def operator_kubeconfig(
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """CRD installed; a ServiceAccount bound to exactly the chart's operator rules
+    (tests/support/chart_rbac.py: the modes these tests run in, nothing else)."""
     kube_cluster.kubectl("apply", "-f", str(CRD))
     kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{P}.{G}", "--timeout=30s")
-    kube_cluster.kubectl("apply", "-f", str(OPERATOR_ROLE))
+    role = chart_operator_role_all_modes(kube_cluster.env, "slimspec-operator")
+    role_file = tmp_path_factory.mktemp("rbac") / "operator-role.yaml"
+    role_file.write_text(yaml.safe_dump(role))
+    kube_cluster.kubectl("apply", "-f", str(role_file))
     with contextlib.suppress(Exception):
         kube_cluster.create_namespace(OPERATOR_NS)
     kube_cluster.kubectl(
@@ -133,7 +139,7 @@ def operator(
     finally:
         op.stop()
         print(f"--- operator log ({namespace}) ---\n{op.log()[-6000:]}")
-    # The role in operator/rbac/clusterrole.yaml was enough for everything it did.
+    # The chart's role was enough for everything it did.
     assert "forbidden: User" not in op.log(), "RBAC denial in the operator log"
 
 

@@ -27,7 +27,7 @@ from slimspec_operator.tuning_handlers import (
 )
 from slimspec_operator.tuning_spec import DEFAULT_QUERIES, rate_window, render_query
 
-from .conftest import KEDA_CRD_FILE, REPO, LoadExporter, service_manifest, start_prometheus
+from .conftest import KEDA_CRD_FILE, LoadExporter, service_manifest, start_prometheus
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.asyncio]
 
@@ -308,24 +308,9 @@ async def test_keda_scaled_object_is_accepted_by_the_api_server(
 
 def chart_operator_role(kube_cluster: Any, name: str) -> dict[str, Any]:
     """The operator's ClusterRole exactly as the Helm chart renders it (KEDA rules on)."""
-    import yaml
+    from tests.support.chart_rbac import chart_cluster_role
 
-    from tests.support.tools import run_checked, tool_path
-
-    out = run_checked(
-        [
-            tool_path("helm"),
-            "template",
-            "rel",
-            REPO / "charts" / "slimspec",
-            "--set",
-            "rbac.keda=true",
-        ],
-        env=kube_cluster.env,
-    ).stdout
-    (role,) = [d for d in yaml.safe_load_all(out) if d and d.get("kind") == "ClusterRole"]
-    role["metadata"] = {"name": name}
-    return role
+    return chart_cluster_role(kube_cluster.env, name, "rbac.keda=true")
 
 
 async def test_tuner_works_with_exactly_the_charts_rbac(
