@@ -43,6 +43,7 @@ from slimspec.head import (
     distill_low_rank,
     fit_activation_aware,
     low_rank_kl,
+    low_rank_logits,
 )
 
 TABLE_RATIOS = [round(0.05 * i, 2) for i in range(20)]  # 0.0 .. 0.95
@@ -219,8 +220,7 @@ def _mean_lowrank_agreement(
     ref: torch.Tensor,
 ) -> float:
     vals = [
-        (ranking[((h @ a[:r].T) @ b[:, :r].T).argmax(1)] == ref).float().mean().item()
-        for r in ranks
+        (ranking[low_rank_logits(h, a, b, r).argmax(1)] == ref).float().mean().item() for r in ranks
     ]
     return sum(vals) / len(vals)
 

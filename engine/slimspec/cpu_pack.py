@@ -45,9 +45,9 @@ def packing_available(dtype: torch.dtype) -> bool:
 class PackedLinear(nn.Module):
     """An `nn.Linear` whose weight lives in oneDNN's blocked layout (inference only).
 
-    `weight` stays reachable (the decoder reads shapes and devices from it); when it is
-    not shared with another module (tied embeddings) callers may drop it with
-    `release_weight()`, which frees the original copy.
+    `weight` stays readable (the decoder reads its shape, dtype and device); pack_linears
+    swaps it for a one-element expanded placeholder unless another module shares it
+    (tied embeddings), which frees the plain copy.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -74,8 +74,8 @@ def pack_linears(model: nn.Module, keep_weights: set[int] | None = None) -> int:
     """Replace every CPU bf16/fp16 `nn.Linear` in `model` by a PackedLinear, in place.
 
     Weights not in keep_weights (ids of tensors still used elsewhere, e.g. tied
-    embeddings) are replaced by a zero-size placeholder so the original copy is freed:
-    the packed copy is the only one kept. Returns how many linears were packed.
+    embeddings) are replaced by a one-element expanded placeholder so the original copy
+    is freed and the packed copy is the only one kept. Returns how many linears were packed.
     """
     keep = keep_weights or set()
     count = 0

@@ -120,8 +120,7 @@ class DraftHead:
                 )
             return out
         assert self.a is not None and self.b is not None
-        r = cfg.rank
-        out = (hidden @ self.a[:r].T) @ self.b[:n, :r].T
+        out = low_rank_logits(hidden, self.a, self.b[:n], cfg.rank)
         if self.ranked_bias is not None:
             out = out + self.ranked_bias[:n]
         return out
@@ -161,6 +160,13 @@ def fit_activation_aware(
     return a.float(), b.float()
 
 
+def low_rank_logits(
+    hidden: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rank: int
+) -> torch.Tensor:
+    """(..., d) -> (..., rows of b): the rank-`rank` prefix of the nested factors, B_r A_r h."""
+    return (hidden @ a[:rank].T) @ b[:, :rank].T
+
+
 def low_rank_kl(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -171,7 +177,7 @@ def low_rank_kl(
     """Mean KL(softmax(W h) || softmax(B_r A_r h)) over the given states (nats)."""
     with torch.no_grad():
         teacher = torch.log_softmax(hidden_states @ weight.T, dim=-1)
-        student = torch.log_softmax((hidden_states @ a[:rank].T) @ b[:, :rank].T, dim=-1)
+        student = torch.log_softmax(low_rank_logits(hidden_states, a, b, rank), dim=-1)
         return float((teacher.exp() * (teacher - student)).sum(-1).mean())
 
 
@@ -208,7 +214,7 @@ def distill_low_rank(
                 teacher = torch.softmax(h @ w.T, dim=-1)
             loss = torch.zeros(())
             for r in ranks:
-                student = torch.log_softmax((h @ a[:r].T) @ b[:, :r].T, dim=-1)
+                student = torch.log_softmax(low_rank_logits(h, a, b, r), dim=-1)
                 loss = loss - (teacher * student).sum(-1).mean()  # cross-entropy = KL + const
             opt.zero_grad()
             loss.backward()
