@@ -37,6 +37,7 @@ from slimspec.quality import (
     check_threshold,
     fallback_decision,
 )
+from slimspec.siblings import tree_attention, tree_positions, verify_greedy_siblings
 from slimspec.stats import DecoderStats, record_request_verification
 from slimspec.types import (
     GenerationRequest,
@@ -244,6 +245,7 @@ class SpeculativeDecoder:
         calibration: str | Path | CalibrationArtifact | None = None,
         draft_quantization: str | None = None,
         pack_target: bool | None = None,
+        sibling_drafts: int | None = None,
         shadow_every: int = 8,
         prefill_batch: int = 8,
         adaptive_skip: bool = True,
@@ -325,6 +327,7 @@ class SpeculativeDecoder:
         self._threshold = check_threshold(quality_threshold)
         self._strategy = check_strategy(fallback_strategy)
         self._fixed_k = num_draft_tokens
+        self.sibling_drafts = self._resolve_siblings(sibling_drafts)
         self.max_draft_tokens = max(max_draft_tokens, num_draft_tokens or 1)
         self.shadow_every = shadow_every
         self.prefill_batch = prefill_batch
@@ -346,6 +349,20 @@ class SpeculativeDecoder:
         self._kv_d = BatchKV(self.device)
         self._results: dict[str, GenerationResult] = {}
         self._step_count = 0
+
+    def _resolve_siblings(self, sibling_drafts: int | None) -> int:
+        """How many depths also verify the draft's runner-up (siblings.py); None reads
+        SLIMSPEC_SIBLING_DRAFTS, default 0. Off by default: it pays only where verifying a
+        few more tokens is nearly free (a GPU); on the 2-core CPU here the extra verify
+        cost ate the extra accepted tokens (docs/engine.md)."""
+        if sibling_drafts is None:
+            sibling_drafts = int(os.environ.get("SLIMSPEC_SIBLING_DRAFTS", "0"))
+        if not isinstance(sibling_drafts, int) or sibling_drafts < 0:
+            raise ValueError(
+                "sibling_drafts must be an int >= 0 or None (SLIMSPEC_SIBLING_DRAFTS, default 0), "
+                f"got {sibling_drafts!r}"
+            )
+        return sibling_drafts
 
     def _maybe_pack_target(self, pack: bool | None) -> bool:
         from slimspec import cpu_pack
@@ -597,10 +614,16 @@ class SpeculativeDecoder:
             self._rows.append(row)
 
     def _forward(
-        self, base: Any, kv: BatchKV, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor
+        self,
+        base: Any,
+        kv: BatchKV,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        real: torch.Tensor,
+        new_allowed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         dtype = base.get_input_embeddings().weight.dtype
-        mask = kv.mask_for(real, dtype)
+        mask = kv.mask_for(real, dtype, new_allowed)
         cache = kv.cache
         if cache is None:
             from transformers import DynamicCache
@@ -667,6 +690,9 @@ class SpeculativeDecoder:
             if k > 0:
                 k = max(1, min(k, room - 1))
 
+        # Greedy batches also verify the draft's runner-up at the first n_sib depths.
+        n_sib = min(k, self.sibling_drafts) if all_greedy and len(subset_ids) > 1 else 0
+
         # ---- draft phase
         self._sync()
         t0 = time.perf_counter()
@@ -685,6 +711,7 @@ class SpeculativeDecoder:
         inp, inp_pos, inp_real = ids.to(dev), pos.to(dev), real.to(dev)
         last_pos = torch.tensor([len(r.seq) - 1 for r in rows], device=dev)
         drafts: list[torch.Tensor] = []
+        siblings: list[torch.Tensor] = []
         q_subs: list[torch.Tensor] = []
         comp_argmax: list[torch.Tensor] = []
         full_argmax: list[torch.Tensor] = []
@@ -695,7 +722,11 @@ class SpeculativeDecoder:
                 first_s = time.perf_counter() - t0
             hidden = self._forward(self._draft_base, self._kv_d, inp, inp_pos, inp_real)[:, -1]
             logits = self.head.logits(hidden, cfg)
-            if all_greedy:
+            if j < n_sib:
+                top2 = logits.topk(2, dim=-1).indices
+                idx = top2[:, 0]
+                siblings.append(subset_ids[top2[:, 1]])
+            elif all_greedy:
                 idx = logits.argmax(dim=-1)
             else:
                 q = S.warp_probs(logits, temp, top_k, top_p)
@@ -719,18 +750,28 @@ class SpeculativeDecoder:
 
         # ---- verify phase
         target_len_before = self._kv_t.length
+        sibling_tokens = (
+            torch.stack(siblings, dim=1) if siblings else draft_tokens.new_zeros(b, 0)
+        )  # (B, n_sib)
         v_ids = torch.cat(
-            [torch.tensor([r.seq[-1] for r in rows], device=dev).unsqueeze(1), draft_tokens], dim=1
+            [
+                torch.tensor([r.seq[-1] for r in rows], device=dev).unsqueeze(1),
+                draft_tokens,
+                sibling_tokens,
+            ],
+            dim=1,
         )
-        v_pos = last_pos.unsqueeze(1) + torch.arange(k + 1, device=dev).unsqueeze(0)
-        v_real = torch.ones(b, k + 1, dtype=torch.bool, device=dev)
-        hidden = self._forward(self._target_base, self._kv_t, v_ids, v_pos, v_real)
+        v_pos = tree_positions(last_pos, k, n_sib)
+        v_real = torch.ones(b, k + 1 + n_sib, dtype=torch.bool, device=dev)
+        tree = tree_attention(k, n_sib, dev) if n_sib else None
+        hidden = self._forward(self._target_base, self._kv_t, v_ids, v_pos, v_real, tree)
         t_logits = self._target_head(hidden)
         if self._softcap:
             t_logits = torch.tanh(t_logits / self._softcap) * self._softcap
+        hit = torch.zeros(b, dtype=torch.bool, device=dev)
         if all_greedy:
             t_argmax = t_logits.argmax(dim=-1)
-            num_acc, next_tok = S.verify_greedy(t_argmax, draft_tokens)
+            num_acc, hit, next_tok = verify_greedy_siblings(t_argmax, draft_tokens, sibling_tokens)
         else:
             p = S.warp_probs(t_logits, temp, top_k, top_p)
             q_full = torch.zeros(b, k, self.target_vocab, dtype=torch.float32, device=dev)
@@ -750,6 +791,10 @@ class SpeculativeDecoder:
         bonus = torch.tensor([r.seed is None for r in rows], device=dev) | (num_acc < k)
         # ---- roll back: target keeps x_last + accepted; draft keeps pending + accepted drafts
         self._kv_t.invalidate_tail(target_len_before, num_acc + bonus.long())
+        if n_sib:
+            hit_rows = torch.nonzero(hit).squeeze(1)
+            if hit_rows.numel():  # the accepted sibling's slot sits behind the chain's
+                self._kv_t.mark_valid(hit_rows, target_len_before + 1 + k + num_acc[hit_rows])
         if k > 0:
             self._kv_d.invalidate_tail(draft_len_before + p_len, num_acc)
         draft_s, target_s = t1 - t0, t2 - t1
@@ -760,7 +805,7 @@ class SpeculativeDecoder:
         outputs: list[StepOutput] = []
         keep: list[int] = []
         acc_list, next_list, draft_list = num_acc.tolist(), next_tok.tolist(), draft_tokens.tolist()
-        bonus_list = bonus.tolist()
+        bonus_list, hit_list, sib_list = bonus.tolist(), hit.tolist(), sibling_tokens.tolist()
         for i, r in enumerate(rows):
             a = acc_list[i]
             old_len = len(r.seq)
@@ -768,8 +813,11 @@ class SpeculativeDecoder:
                 r.draft_seen = old_len + min(a, k - 1)
                 r.est.update(a, k)
             emitted = draft_list[i][:a] + ([next_list[i]] if bonus_list[i] else [])
-            record_request_verification(r.stats, k, a)
-            self.stats.record_verification(k, a)
+            if hit_list[i]:  # the sibling at the break, then the target's token after it
+                emitted = [*draft_list[i][:a], sib_list[i][a], next_list[i]]
+                self.stats.sibling_hits += 1
+            record_request_verification(r.stats, k, a + hit_list[i])
+            self.stats.record_verification(k, a + hit_list[i])
             r.stats.draft_time_s += draft_s
             r.stats.target_time_s += target_s
             new_tokens, reason = self._append(r, emitted)

@@ -16,15 +16,23 @@ from transformers.cache_utils import DynamicLayer
 
 
 def attention_mask_4d(
-    valid_old: torch.Tensor, new_real: torch.Tensor, dtype: torch.dtype
+    valid_old: torch.Tensor,
+    new_real: torch.Tensor,
+    dtype: torch.dtype,
+    new_allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Additive mask (B, 1, q, L+q) for q new slots after L cached slots.
 
-    A new query sees the valid cached slots, the real new slots up to itself, and
+    A new query sees the valid cached slots, the real new slots it may attend
+    (new_allowed (q, q) bool, causal by default; a tree of drafts passes its own), and
     always itself (so a padding query never has an empty row, which would give NaN).
     """
     b, q = new_real.shape
-    causal = torch.ones(q, q, dtype=torch.bool, device=new_real.device).tril()
+    causal = (
+        torch.ones(q, q, dtype=torch.bool, device=new_real.device).tril()
+        if new_allowed is None
+        else new_allowed
+    )
     new_part = causal.unsqueeze(0) & new_real.unsqueeze(1)  # (B, q, q): key j real and j <= i
     new_part = new_part | torch.eye(q, dtype=torch.bool, device=new_real.device).unsqueeze(0)
     old_part = valid_old.unsqueeze(1).expand(b, q, valid_old.shape[1])
@@ -65,10 +73,12 @@ class BatchKV:
                 )
         return layers
 
-    def mask_for(self, new_real: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def mask_for(
+        self, new_real: torch.Tensor, dtype: torch.dtype, new_allowed: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.cache is None:  # empty: start at the new batch size
             self.valid = torch.zeros(new_real.shape[0], 0, dtype=torch.bool, device=new_real.device)
-        return attention_mask_4d(self.valid, new_real, dtype)
+        return attention_mask_4d(self.valid, new_real, dtype, new_allowed)
 
     def after_forward(self, cache: DynamicCache, new_valid: torch.Tensor) -> None:
         """Record the q slots a forward just appended; new_valid (B, q) says which are real."""
@@ -82,6 +92,10 @@ class BatchKV:
     def invalidate(self, slots: torch.Tensor) -> None:
         """Mark slots invalid: slots (B, L) bool, True = roll back."""
         self.valid &= ~slots
+
+    def mark_valid(self, rows: torch.Tensor, cols: torch.Tensor) -> None:
+        """Keep slot (rows[i], cols[i]) after all (an accepted sibling draft behind holes)."""
+        self.valid[rows, cols] = True
 
     def invalidate_tail(self, start: int, keep: torch.Tensor) -> None:
         """Columns from `start` on: row b keeps its first keep[b]; the rest become holes."""

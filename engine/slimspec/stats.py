@@ -40,6 +40,7 @@ class DecoderStats:
     target_time_s: float = 0.0
     prefill_time_s: float = 0.0
     draft_forwards: int = 0
+    sibling_hits: int = 0  # verifications where a sibling draft (siblings.py) was accepted
     target_forwards: int = 0
     fallbacks: Counter = field(default_factory=Counter)  # reason -> count
     kept_acceptance: float | None = None  # latest shadow-check estimate (compressed / full head)
@@ -110,6 +111,7 @@ class DecoderStats:
             "draft_target_time_ratio": self.draft_target_time_ratio,
             "fallbacks": dict(self.fallbacks),
             "kept_acceptance": self.kept_acceptance,
+            "sibling_hits": self.sibling_hits,
             "shadow_samples": self.shadow_samples,
         }
 
