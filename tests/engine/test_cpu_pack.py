@@ -16,7 +16,11 @@ import torch
 from slimspec import SpeculativeDecoder, cpu_pack
 from torch import nn
 
-from tests.engine.helpers import prompts, target_greedy
+from tests.engine.helpers import (
+    assert_equal_up_to_bf16_ties,
+    prompts,
+    target_greedy_with_logits,
+)
 from tests.support.tiny_models import TINY_VOCAB, noisy_copy, tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -81,12 +85,16 @@ def test_decoder_packs_bf16_cpu_targets_only(monkeypatch):
 @pytest.mark.parametrize("k", [None, 2, 5])
 def test_packed_bf16_greedy_equals_packed_target_greedy(k):
     """Verification of k+1 tokens through packed linears picks the tokens the packed
-    target picks one at a time (oneDNN computes each row of a packed GEMM alike)."""
+    target picks one at a time, up to bf16 ties: on AMX CPUs oneDNN computes each row
+    of a packed GEMM alike and the outputs are identical; on AVX-512 ones (1536x8960:
+    up to 6e-5 apart) an exact tie can break the other way. The CI-sized figure of
+    exactness is the fp32 suite."""
     target = tiny_model("llama", seed=6).to(torch.bfloat16)
     draft = noisy_copy(target, noise=0.05)
     dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.3, num_draft_tokens=k)
     assert dec.target_packed
     for p in prompts(4, TINY_VOCAB, seed=61):
         got = dec.generate(p, 24, stop_token_ids=[]).output_ids
-        assert got == target_greedy(dec.target, p, 24)
+        want, logits = target_greedy_with_logits(dec.target, p, 24)
+        assert_equal_up_to_bf16_ties(got, want, logits)
     assert dec.stats.accepted > 0
