@@ -18,6 +18,13 @@ step() {
   local name="$1"; shift
   local t0=$SECONDS
   echo "==> $name"
-  "$@"
+  # Explicit status: a caller's `step ... || rc=$?` turns set -e off in here, and a
+  # bare "$@" followed by echo would then return 0 for a failed step.
+  local status=0
+  "$@" || status=$?
+  if ((status != 0)); then
+    echo "<== $name FAILED (exit $status) after $((SECONDS - t0))s"
+    return "$status"
+  fi
   echo "<== $name took $((SECONDS - t0))s"
 }
