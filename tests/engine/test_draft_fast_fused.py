@@ -139,3 +139,47 @@ def test_fused_draft_smollm_equals_target(small_real_lm, mode):
         assert res.output_ids == target_greedy(model, p, 32)
     # a low-bit copy of the target itself should agree most of the time
     assert dec.stats.mean_accepted_length > 2.5
+
+
+@pytest.mark.parametrize("t", [1, 5])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (14, 2)])
+def test_grouped_attention_equals_sdpa(t, hq, hkv):
+    """The small-query attention equals SDPA with GQA, holes in the cache included."""
+    torch.manual_seed(t + hq)
+    b, n, d = 3, 37, 16
+    q = torch.randn(b, hq, t, d)
+    k, v = torch.randn(b, hkv, n, d), torch.randn(b, hkv, n, d)
+    allowed = torch.rand(b, 1, t, n) > 0.3
+    allowed[..., -t:] |= torch.eye(t, dtype=torch.bool)  # every query sees itself
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed, scale=0.25, enable_gqa=hq != hkv
+    )
+    got = draft_int8.grouped_attention(q, k, v, allowed, 0.25)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_draft_same_hidden_state_either_attention_path(tiny_qwen2_pair, monkeypatch):
+    """A prompt longer than SMALL_QUERY goes through SDPA, a short one through
+    grouped_attention; the fused forward gives the same states either way (bf16-fused,
+    fp32 activations would differ only in rounding)."""
+    from slimspec.kv import BatchKV
+    from transformers import DynamicCache
+
+    _, draft = tiny_qwen2_pair
+    fused = FusedInt8Draft(draft, "bf16-fused").get_decoder()
+    ids = torch.tensor([prompts(1, TINY_VOCAB, seed=44, lengths=(12,))[0]])
+    pos = torch.arange(ids.shape[1]).unsqueeze(0)
+    real = torch.ones_like(ids, dtype=torch.bool)
+    outs = []
+    for small in (16, 0):
+        monkeypatch.setattr(draft_int8, "SMALL_QUERY", small)
+        mask = BatchKV("cpu").mask_for(real, torch.float32)
+        with torch.inference_mode():
+            h = fused(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                cache=DynamicCache(config=fused.config),
+            ).last_hidden_state
+        outs.append(h.float())
+    torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.02)
