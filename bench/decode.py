@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "engine"))
 
 from slimspec.artifact import find_artifact, stdlib_py_files  # noqa: E402
+from slimspec.calibrate import main as calibrate_main  # noqa: E402
 from slimspec.cpu_pack import pack_target  # noqa: E402
 from slimspec.decoder import SpeculativeDecoder  # noqa: E402
 from slimspec.models import load_causal_lm, resolve_model_path  # noqa: E402
@@ -366,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     draft, _ = load_causal_lm(DRAFT, dtype="bfloat16", device="cpu")
     draft_dir = resolve_model_path(DRAFT)
     artifact = find_artifact(draft_dir)
+    if artifact is None:  # first run on this cache: calibrate the head like a user would
+        log("no calibration artifact next to the draft: running slimspec.calibrate")
+        calibrate_main(["--draft", str(draft_dir), "--target", str(resolve_model_path(TARGET))])
+        artifact = find_artifact(draft_dir)
     log(f"loaded; calibration artifact: {artifact}")
     domains: dict[str, list[list[int]]] = {"code": code_prompts(tok, args.prompts)}
     notes: list[str] = []
