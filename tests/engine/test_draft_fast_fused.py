@@ -51,33 +51,33 @@ def test_fused_draft_batched_fixed_k(tiny_llama_pair, mode):
     assert dec.stats.accepted > 0  # the noisy-copy draft still agrees after int8
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_fused_draft_tracks_the_original(tiny_qwen2_pair, mode):
-    """The low-bit forward approximates the original draft (q/k/v biases, GQA, RoPE)."""
+def prompt_hidden(base, seed: int, length: int) -> torch.Tensor:
+    """Final hidden states of one prompt through a (fused or HF) base model, fresh cache."""
     from slimspec.kv import BatchKV
     from transformers import DynamicCache
 
+    ids = torch.tensor([prompts(1, TINY_VOCAB, seed=seed, lengths=(length,))[0]])
+    real = torch.ones_like(ids, dtype=torch.bool)
+    with torch.inference_mode():
+        out = base(
+            input_ids=ids,
+            attention_mask=BatchKV("cpu").mask_for(real, torch.float32),
+            position_ids=torch.arange(ids.shape[1]).unsqueeze(0),
+            cache=DynamicCache(config=base.config),
+            use_cache=True,
+        )
+    return out.last_hidden_state.float()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fused_draft_tracks_the_original(tiny_qwen2_pair, mode):
+    """The low-bit forward approximates the original draft (q/k/v biases, GQA, RoPE)."""
     _, draft = tiny_qwen2_pair
     base = draft.get_decoder()
     fused = FusedInt8Draft(draft, mode).get_decoder()
     if mode == "int4-fused":  # the tiny MLP shapes do take the int4 path
         assert isinstance(fused.layers[0].gate_up, draft_int8.Int4Linear)
-    ids = torch.tensor([prompts(1, TINY_VOCAB, seed=43, lengths=(9,))[0]])
-    pos = torch.arange(ids.shape[1]).unsqueeze(0)
-    real = torch.ones_like(ids, dtype=torch.bool)
-    outs = []
-    for b in (base, fused):
-        kv = BatchKV("cpu")
-        mask = kv.mask_for(real, torch.float32)
-        with torch.inference_mode():
-            h = b(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                cache=DynamicCache(config=b.config),
-                use_cache=True,
-            ).last_hidden_state
-        outs.append(h.float())
+    outs = [prompt_hidden(b, seed=43, length=9) for b in (base, fused)]
     cos = torch.nn.functional.cosine_similarity(outs[0].flatten(), outs[1].flatten(), dim=0)
     assert cos > (0.99 if mode == "int8-fused" else 0.97)
 
@@ -162,24 +162,10 @@ def test_fused_draft_same_hidden_state_either_attention_path(tiny_qwen2_pair, mo
     """A prompt longer than SMALL_QUERY goes through SDPA, a short one through
     grouped_attention; the fused forward gives the same states either way (bf16-fused,
     fp32 activations would differ only in rounding)."""
-    from slimspec.kv import BatchKV
-    from transformers import DynamicCache
-
     _, draft = tiny_qwen2_pair
     fused = FusedInt8Draft(draft, "bf16-fused").get_decoder()
-    ids = torch.tensor([prompts(1, TINY_VOCAB, seed=44, lengths=(12,))[0]])
-    pos = torch.arange(ids.shape[1]).unsqueeze(0)
-    real = torch.ones_like(ids, dtype=torch.bool)
     outs = []
     for small in (16, 0):
         monkeypatch.setattr(draft_int8, "SMALL_QUERY", small)
-        mask = BatchKV("cpu").mask_for(real, torch.float32)
-        with torch.inference_mode():
-            h = fused(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                cache=DynamicCache(config=fused.config),
-            ).last_hidden_state
-        outs.append(h.float())
+        outs.append(prompt_hidden(fused, seed=44, length=12))
     torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.02)
