@@ -812,10 +812,11 @@ class SpeculativeDecoder:
             if k > 0:
                 r.draft_seen = old_len + min(a, k - 1)
                 r.est.update(a, k)
-            emitted = draft_list[i][:a] + ([next_list[i]] if bonus_list[i] else [])
             if hit_list[i]:  # the sibling at the break, then the target's token after it
                 emitted = [*draft_list[i][:a], sib_list[i][a], next_list[i]]
                 self.stats.sibling_hits += 1
+            else:
+                emitted = draft_list[i][:a] + ([next_list[i]] if bonus_list[i] else [])
             record_request_verification(r.stats, k, a + hit_list[i])
             self.stats.record_verification(k, a + hit_list[i])
             r.stats.draft_time_s += draft_s
