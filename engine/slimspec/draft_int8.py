@@ -3,12 +3,16 @@
 Why: the draft only proposes tokens, so it may be approximate, but its step time
 decides the speed-up. Framework modules (one nn.Linear per projection, dynamic
 activation quantisation, generic attention dispatch) cost more than the matmuls
-at batch 1-4. This forward keeps per-output-channel int8 weights, fuses q/k/v and
-gate/up into one matmul each, and calls `aten._weight_int8pack_mm` directly with
-activations in bfloat16. With mlp_bits=4 the MLP weights (87% of a Qwen2.5-0.5B
-layer's bytes) use `aten._weight_int4pack_mm_for_cpu` with asymmetric groups of 64:
-the int8 kernel is bound by memory traffic on this CPU, so half the bytes is ~40%
-less step time, for ~3% less agreement with the bf16 draft's argmax.
+at batch 1-4. This forward keeps int8 weights, fuses q/k/v and gate/up into one
+matmul each, and calls low-bit kernels directly with activations in bfloat16. With
+mlp_bits=4 the MLP weights (87% of a Qwen2.5-0.5B layer's bytes) are int4 groups of
+64: the draft step is bound by memory traffic, so half the bytes is ~40% less step
+time, for ~3% less agreement with the bf16 draft's argmax.
+
+Kernels: where the CPU has AVX512-VNNI and a C compiler is present, the native ones of
+native_lowbit.py (asymmetric groups of 64 for int4 and int8, activations quantised to
+int8 per group); else aten's `_weight_int4pack_mm_for_cpu` (int4 groups of 64) and
+`_weight_int8pack_mm` (per-output-channel int8).
 
 It is a drop-in for the draft's base model as decoder.py calls it:
 `base(input_ids=, attention_mask=4D additive mask, position_ids=, cache=DynamicCache)`
@@ -25,6 +29,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from slimspec import native_lowbit
+from slimspec.native_lowbit import NativeLowBitLinear
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 FUSED_BITS = {"int8-fused": 8, "int4-fused": 4, "bf16-fused": 16}  # mode -> MLP weight bits
@@ -80,10 +87,11 @@ def check_supported(model: Any, mode: str = "int8-fused") -> None:
             f"draft_quantization={mode!r} needs torch.ops.aten._weight_int8pack_mm, "
             f"which this torch build ({torch.__version__}) lacks; use 'int8' or None"
         )
-    if mode == "int4-fused" and not int4pack_available():
+    if mode == "int4-fused" and not int4pack_available() and native_lowbit.load() is None:
         raise ValueError(
-            "draft_quantization='int4-fused' needs torch.ops.aten._weight_int4pack_mm_for_cpu, "
-            f"which this torch build ({torch.__version__}) lacks; use 'int8-fused'"
+            "draft_quantization='int4-fused' needs torch.ops.aten._weight_int4pack_mm_for_cpu "
+            f"(this torch build, {torch.__version__}, lacks it) or the native AVX512-VNNI "
+            "kernels (native_lowbit.py: not available on this CPU/compiler); use 'int8-fused'"
         )
 
 
@@ -149,17 +157,24 @@ class Int4Linear:
         return y.reshape(*lead, self.out_features)
 
 
-Projection = Int8Linear | Int4Linear | DenseLinear
+Projection = Int8Linear | Int4Linear | NativeLowBitLinear | DenseLinear
 
 
-def _low_bit(weight: torch.Tensor, dtype: torch.dtype, bits: int) -> Projection:
-    """int4 where asked and the shape allows (tiny test models may not), bf16 for 16,
-    else int8."""
+def _low_bit(
+    weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, bits: int
+) -> Projection:
+    """A projection with `bits`-bit weights: bf16 for 16; else the native VNNI kernels
+    where they run and the shape fits (native_lowbit.py: faster than aten's on a CPU
+    without AMX), else aten's int4 kernel (4 bits, where the shape allows: tiny test
+    models may not) or int8 kernel."""
     if bits == 16:
-        return DenseLinear(weight, None, dtype)
-    if bits == 4 and Int4Linear.fits(weight):
+        return DenseLinear(weight, bias, dtype)
+    lib = native_lowbit.load()
+    if lib is not None and NativeLowBitLinear.fits(weight):
+        return NativeLowBitLinear(weight, bias, lib, bits)
+    if bits == 4 and bias is None and Int4Linear.fits(weight):
         return Int4Linear(weight, dtype)
-    return Int8Linear(weight, None, dtype)
+    return Int8Linear(weight, bias, dtype)
 
 
 def _cat_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
@@ -181,19 +196,21 @@ class _Layer:
         self.n_q = attn.q_proj.out_features // self.head_dim
         self.n_kv = attn.k_proj.out_features // self.head_dim
         self.scaling = float(attn.scaling)
-        attn_linear = DenseLinear if mlp_bits == 16 else Int8Linear
-        self.qkv: Projection = attn_linear(
+        # Attention projections stay 8-bit under an int4 MLP: int4 there cost ~4% of the
+        # accepted length for ~4 ms a token (measured on the Qwen2.5-Coder pair).
+        attn_bits = 16 if mlp_bits == 16 else 8
+        self.qkv: Projection = _low_bit(
             torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
             _cat_bias(attn.q_proj, attn.k_proj, attn.v_proj),
             dtype,
+            attn_bits,
         )
-        o_bias = attn.o_proj.bias
-        self.o: Projection = attn_linear(attn.o_proj.weight, o_bias, dtype)
+        self.o: Projection = _low_bit(attn.o_proj.weight, attn.o_proj.bias, dtype, attn_bits)
         self.inter = mlp.gate_proj.out_features
         self.gate_up = _low_bit(
-            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), dtype, mlp_bits
+            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None, dtype, mlp_bits
         )
-        self.down = _low_bit(mlp.down_proj.weight, dtype, mlp_bits)
+        self.down = _low_bit(mlp.down_proj.weight, None, dtype, mlp_bits)
         self.in_norm = layer.input_layernorm.weight.detach().to(dtype)
         self.post_norm = layer.post_attention_layernorm.weight.detach().to(dtype)
         self.eps = float(layer.input_layernorm.variance_epsilon)

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from slimspec import SpeculativeDecoder, draft_int8
+from slimspec import SpeculativeDecoder, draft_int8, native_lowbit
 from slimspec.draft_int8 import FusedInt8Draft
 from slimspec.types import GenerationRequest, SamplingParams
 
@@ -23,6 +23,16 @@ pytestmark = pytest.mark.skipif(
     not draft_int8.int8pack_available(), reason="torch lacks aten._weight_int8pack_mm"
 )
 MODES = ["int8-fused", "bf16-fused"] + (["int4-fused"] if draft_int8.int4pack_available() else [])
+NATIVE = native_lowbit.load() is not None
+KERNELS = ["aten"] + (["native"] if NATIVE else [])  # native: AVX512-VNNI and a C compiler
+
+
+@pytest.fixture
+def kernels(request, monkeypatch):
+    """Build fused drafts with the native low-bit kernels, or with aten's only."""
+    if request.param == "aten":
+        monkeypatch.setattr(native_lowbit, "load", lambda: None)
+    return request.param
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -37,8 +47,9 @@ def test_fused_draft_greedy_equals_target(pair, mode, request):
         assert dec.generate(p, 20, stop_token_ids=[]).output_ids == target_greedy(target, p, 20)
 
 
+@pytest.mark.parametrize("kernels", KERNELS, indirect=True)
 @pytest.mark.parametrize("mode", MODES)
-def test_fused_draft_batched_fixed_k(tiny_llama_pair, mode):
+def test_fused_draft_batched_fixed_k(tiny_llama_pair, mode, kernels):
     """Ragged batch, rejections and cache compaction through the fused forward."""
     target, draft = tiny_llama_pair
     dec = SpeculativeDecoder.from_models(
@@ -69,14 +80,19 @@ def prompt_hidden(base, seed: int, length: int) -> torch.Tensor:
     return out.last_hidden_state.float()
 
 
+@pytest.mark.parametrize("kernels", KERNELS, indirect=True)
 @pytest.mark.parametrize("mode", MODES)
-def test_fused_draft_tracks_the_original(tiny_qwen2_pair, mode):
+def test_fused_draft_tracks_the_original(tiny_qwen2_pair, mode, kernels):
     """The low-bit forward approximates the original draft (q/k/v biases, GQA, RoPE)."""
     _, draft = tiny_qwen2_pair
     base = draft.get_decoder()
     fused = FusedInt8Draft(draft, mode).get_decoder()
+    layer = fused.layers[0]
     if mode == "int4-fused":  # the tiny MLP shapes do take the int4 path
-        assert isinstance(fused.layers[0].gate_up, draft_int8.Int4Linear)
+        want = {"aten": draft_int8.Int4Linear, "native": native_lowbit.NativeLowBitLinear}
+        assert isinstance(layer.gate_up, want[kernels])
+    if kernels == "native" and mode != "bf16-fused":
+        assert (layer.gate_up.bits, layer.qkv.bits) == (4 if mode == "int4-fused" else 8, 8)
     outs = [prompt_hidden(b, seed=43, length=9) for b in (base, fused)]
     cos = torch.nn.functional.cosine_similarity(outs[0].flatten(), outs[1].flatten(), dim=0)
     assert cos > (0.99 if mode == "int8-fused" else 0.97)
@@ -108,11 +124,22 @@ def test_fused_draft_needs_the_int8_kernel(tiny_llama_pair, monkeypatch):
         SpeculativeDecoder.from_models(target, draft, draft_quantization="int8-fused")
 
 
-def test_int4_draft_needs_the_int4_kernel(tiny_llama_pair, monkeypatch):
+def test_int4_draft_needs_an_int4_kernel(tiny_llama_pair, monkeypatch):
     target, draft = tiny_llama_pair
     monkeypatch.setattr(draft_int8, "int4pack_available", lambda: False)
-    with pytest.raises(ValueError, match="_weight_int4pack_mm_for_cpu"):
+    monkeypatch.setattr(native_lowbit, "load", lambda: None)
+    with pytest.raises(ValueError, match=r"_weight_int4pack_mm_for_cpu.*AVX512-VNNI"):
         SpeculativeDecoder.from_models(target, draft, draft_quantization="int4-fused")
+
+
+@pytest.mark.skipif(not NATIVE, reason="no AVX512-VNNI CPU or C compiler for the native kernels")
+def test_int4_draft_runs_on_the_native_kernel_alone(tiny_llama_pair, monkeypatch):
+    """Without aten's int4 kernel the int4 draft still builds (native kernel) and is exact."""
+    target, draft = tiny_llama_pair
+    monkeypatch.setattr(draft_int8, "int4pack_available", lambda: False)
+    dec = SpeculativeDecoder.from_models(target, draft, draft_quantization="int4-fused")
+    p = prompts(1, TINY_VOCAB, seed=45)[0]
+    assert dec.generate(p, 16, stop_token_ids=[]).output_ids == target_greedy(target, p, 16)
 
 
 def test_fused_draft_leaves_the_model_alone(tiny_llama_pair):

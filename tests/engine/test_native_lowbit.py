@@ -1,0 +1,113 @@
+"""The native int4/int8 draft kernels (native_lowbit.py, csrc/lowbit_gemv.c).
+
+They only feed the draft, so they are checked for what they compute (against a float
+reference of the same quantisation, and close to the unquantised product), for how
+they are built and for falling back cleanly where they cannot run. Exactness of the
+decoder's output with them is in test_draft_fast_fused.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from slimspec import native_lowbit as nl
+
+LIB = nl.load()
+needs_lib = pytest.mark.skipif(
+    LIB is None, reason="no AVX512-VNNI CPU or C compiler for the native kernels"
+)
+
+
+@pytest.fixture
+def fresh_load(monkeypatch, tmp_path):
+    """load() deciding anew, building into an empty cache."""
+    monkeypatch.setattr(nl, "_loaded", {})
+    monkeypatch.setenv("SLIMSPEC_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def unpack(packed: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
+    """Inverse of nl.pack, written from the layout comment in csrc/lowbit_gemv.c."""
+    g = packed.transpose(1, 2).reshape(n, k // nl.GROUP, -1)  # (N, G, group bytes)
+    if bits == 4:
+        g = torch.cat([g & 0x0F, g >> 4], dim=-1)
+    return g.reshape(n, k)
+
+
+@pytest.mark.parametrize("bits", nl.BITS)
+def test_quantize_and_pack_round_trip(bits):
+    w = torch.randn(12, 128) * 0.1
+    u, scale, low = nl.quantize(w, bits)
+    assert int(u.max()) <= 2**bits - 1
+    back = (u.float().view(12, 2, 64) * scale[..., None] + low[..., None]).view(12, 128)
+    assert (back - w).abs().max() <= scale.max() / 2 + 1e-6  # within half a step
+    assert torch.equal(unpack(nl.pack(u, bits), bits, 12, 128), u)
+
+
+@needs_lib
+@pytest.mark.parametrize("bits", nl.BITS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+def test_kernel_matches_reference(bits, m):
+    """Every activation-row chunk size, a bias, N = 4 mod 8 and an odd group count."""
+    gen = torch.Generator().manual_seed(10 * bits + m)
+    w = torch.randn(52, 320, generator=gen) * 0.05
+    bias = torch.randn(52, generator=gen).bfloat16()
+    x = (torch.randn(m, 320, generator=gen) * 3).bfloat16()
+    lin = nl.NativeLowBitLinear(w, bias, LIB, bits)
+    u, scale, low = nl.quantize(w, bits)
+    want = nl.reference(x, u, scale, low) + bias.float()
+    got = lin(x.view(1, m, 320))
+    assert got.shape == (1, m, 52) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got[0].float(), want, rtol=8e-3, atol=1e-2)
+
+
+@needs_lib
+@pytest.mark.parametrize(("bits", "tolerance"), [(4, 0.12), (8, 0.015)])
+def test_kernel_is_close_to_the_float_product(bits, tolerance):
+    gen = torch.Generator().manual_seed(bits)
+    w = torch.randn(256, 512, generator=gen) * 0.05
+    x = torch.randn(2, 512, generator=gen).bfloat16()
+    got = nl.NativeLowBitLinear(w, None, LIB, bits)(x).float()
+    exact = x.float() @ w.T
+    assert (got - exact).norm() / exact.norm() < tolerance
+
+
+@needs_lib
+def test_rejects_shapes_and_bits_it_cannot_take():
+    with pytest.raises(ValueError, match="K % 64"):
+        nl.NativeLowBitLinear(torch.randn(8, 96), None, LIB, 4)
+    with pytest.raises(ValueError, match="N % 4"):
+        nl.NativeLowBitLinear(torch.randn(6, 64), None, LIB, 8)
+    with pytest.raises(ValueError, match="bits"):
+        nl.NativeLowBitLinear(torch.randn(8, 64), None, LIB, 2)
+
+
+def test_cpu_flags_are_read_from_cpuinfo():
+    flags = "flags\t\t: fpu avx512f avx512bw avx512vl avx512_vnni sse\n"
+    assert nl.cpu_supported("processor\t: 0\n" + flags)
+    assert not nl.cpu_supported(flags.replace(" avx512_vnni", ""))
+    assert not nl.cpu_supported("processor\t: 0\n")
+
+
+def test_switched_off_by_environment(fresh_load, monkeypatch):
+    monkeypatch.setenv(nl.ENV_SWITCH, "0")
+    assert nl.load() is None
+
+
+def test_a_failing_build_falls_back_with_a_warning(fresh_load, monkeypatch, caplog):
+    monkeypatch.setattr(nl, "cpu_supported", lambda cpuinfo=None: True)
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    with caplog.at_level(logging.WARNING, logger=nl.__name__):
+        assert nl.load() is None
+    assert "build or load failed" in caplog.text
+    assert not list(fresh_load.glob("kernels/*.so"))
+
+
+@needs_lib
+def test_builds_once_into_the_cache(fresh_load):
+    lib = nl.load()
+    assert lib is not None and nl.load() is lib
+    built = list((fresh_load / "kernels").glob("lowbit_gemv-*.so"))
+    assert [p.name for p in built] == [nl.library_path(nl._compiler()).name]
