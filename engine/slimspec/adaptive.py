@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
+
+MIN_COUNTS = 3  # distinct verified-token counts before the verification line gets a slope
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -73,3 +76,81 @@ class AcceptanceEstimate:
     def alpha(self) -> float:
         # Truncated-geometric MLE: accepted / (accepted + rejections); capped below 1.
         return min(0.98, self.accepted / max(1e-9, self.accepted + self.rejected))
+
+
+@dataclass
+class VerifyCost:
+    """Seconds of a target forward against the number of tokens it verifies (rows x
+    tokens each): an EMA per observed count and a least-squares line through them.
+
+    Why: on CPU, verifying more tokens is not free (here a packed 1.5B target took
+    110 ms for 5 tokens and 142 ms for 9), so the k that maximises tokens per second
+    depends on the slope. One-token target steps (k = 0) are kept apart in `single_s`:
+    they may take another kernel path (a packed oneDNN linear at one row was measured
+    slower than at five), so they do not bend the line.
+    """
+
+    decay: float = 0.8
+    by_tokens: dict[int, float] = field(default_factory=dict)
+    single_s: float | None = None
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        old = self.by_tokens.get(tokens)
+        self.by_tokens[tokens] = (
+            seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        )
+
+    def observe_single(self, seconds: float) -> None:
+        old = self.single_s
+        self.single_s = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+
+    def line(self) -> tuple[float, float] | None:
+        """(intercept >= 0, slope >= 0) in seconds and seconds per token; None before any
+        timing. Flat through the mean until MIN_COUNTS token counts were seen, then
+        Theil-Sen (median of pairwise slopes): one slow outlier step (seen here: 302 ms
+        among 150-180 ms) must not tilt the line and pin k at 1."""
+        if not self.by_tokens:
+            return None
+        pts = sorted(self.by_tokens.items())
+        if len(pts) < MIN_COUNTS:
+            return statistics.fmean(y for _, y in pts), 0.0
+        slopes = [
+            (y2 - y1) / (t2 - t1) for i, (t1, y1) in enumerate(pts) for t2, y2 in pts[i + 1 :]
+        ]
+        slope = max(0.0, statistics.median(slopes))  # more tokens never cost less
+        intercept = statistics.median(y - slope * t for t, y in pts)
+        if intercept < 0:  # physically a forward has a fixed cost; refit through 0
+            return 0.0, statistics.median(y / t for t, y in pts)
+        return intercept, slope
+
+
+@dataclass(frozen=True)
+class RelativeCosts:
+    """choose_k's inputs: costs in units of the batch's one-token verification."""
+
+    draft: float
+    verify_per_token: float
+    single: float
+
+
+def relative_costs(
+    line: tuple[float, float] | None,
+    rows: int,
+    draft_ratio: float,
+    single_s: float | None,
+    single_prior: float = 0.75,
+) -> RelativeCosts:
+    """Turn a verification line (seconds vs rows x tokens) into choose_k's units.
+
+    The unit is the line at one token per row; verifying k + 1 tokens per row then
+    costs 1 + k * verify_per_token. draft_ratio is already a draft forward over that
+    unit; single is a k = 0 step over it (single_prior until one was timed).
+    """
+    if line is None:
+        return RelativeCosts(draft_ratio, 0.0, single_prior)
+    intercept, slope = line
+    unit = intercept + slope * rows
+    if unit <= 0:
+        return RelativeCosts(draft_ratio, 0.0, single_prior)
+    single = single_prior if single_s is None else single_s / unit
+    return RelativeCosts(draft_ratio, slope * rows / unit, single)

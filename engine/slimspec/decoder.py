@@ -26,7 +26,14 @@ from typing import Any
 import torch
 
 from slimspec import sampling as S
-from slimspec.adaptive import AcceptanceEstimate, choose_k, draft_forward_seconds
+from slimspec.adaptive import (
+    AcceptanceEstimate,
+    RelativeCosts,
+    VerifyCost,
+    choose_k,
+    draft_forward_seconds,
+    relative_costs,
+)
 from slimspec.artifact import CalibrationArtifact, find_artifact, load_artifact, quick_ranking
 from slimspec.head import DraftHead, HeadConfig, check_ratio, subset_size_for_ratio
 from slimspec.kv import BatchKV
@@ -334,10 +341,8 @@ class SpeculativeDecoder:
         self.shadow_min_samples = shadow_min_samples
         self.quality = QualityMonitor(shadow_window)
         self.stats = DecoderStats()
-        self._cost_ratio = 0.3  # draft forward / target verify, EMA
-        self._single_ratio = 0.75  # one-token target step / multi-token verify, EMA
-        self._verify_multi_s: float | None = None
-        self._verify_single_s: float | None = None
+        self._cost_ratio = 0.3  # draft forward / one-token verification of the batch, EMA
+        self._verify_cost = VerifyCost()  # verification seconds vs tokens verified
         self.adaptive_skip = adaptive_skip
 
         self._step_lock = threading.Lock()
@@ -643,18 +648,26 @@ class SpeculativeDecoder:
         if self._fixed_k is not None:
             return self._fixed_k
         k_min = 0 if (all_greedy and self.adaptive_skip) else 1
+        costs = self._relative_costs()
         ks = []
         for r in self._rows:
             k = choose_k(
                 r.est.alpha,
-                self._cost_ratio,
+                costs.draft,
                 k_min,
                 self.max_draft_tokens,
-                single_cost=self._single_ratio,
+                verify_cost_per_token=costs.verify_per_token,
+                single_cost=costs.single,
             )
             if k == 0 and r.idle_steps >= PROBE_EVERY:
                 # Re-measure acceptance with the k drafting would use, not a lone token.
-                k = choose_k(r.est.alpha, self._cost_ratio, 1, self.max_draft_tokens)
+                k = choose_k(
+                    r.est.alpha,
+                    costs.draft,
+                    1,
+                    self.max_draft_tokens,
+                    verify_cost_per_token=costs.verify_per_token,
+                )
             ks.append(k)
         k = max(ks)
         for r in self._rows:
@@ -798,7 +811,9 @@ class SpeculativeDecoder:
         if k > 0:
             self._kv_d.invalidate_tail(draft_len_before + p_len, num_acc)
         draft_s, target_s = t1 - t0, t2 - t1
-        self._update_timing(draft_s, target_s, k, first_s if p_len > 2 else None)
+        self._update_timing(
+            draft_s, target_s, k, first_s if p_len > 2 else None, b * (k + 1 + n_sib)
+        )
         if shadow:
             self._shadow(comp_argmax, full_argmax, t_argmax, k, threshold, strategy, ratio)
 
@@ -862,25 +877,28 @@ class SpeculativeDecoder:
                 u[i] = torch.tensor([S.uniform(r.seed, base + j, stream) for j in range(n)])
         return u.to(self.device)
 
+    def _relative_costs(self) -> RelativeCosts:
+        """choose_k's cost inputs for the current batch, from the timing so far."""
+        vc = self._verify_cost
+        return relative_costs(vc.line(), len(self._rows), self._cost_ratio, vc.single_s)
+
     def _update_timing(
-        self, draft_s: float, target_s: float, k: int, catch_up_s: float | None
+        self, draft_s: float, target_s: float, k: int, catch_up_s: float | None, tokens: int
     ) -> None:
-        """EMAs of the draft forward / verification cost and the plain step / verification."""
-
-        def ema(old: float | None, new: float) -> float:
-            return new if old is None else 0.8 * old + 0.2 * new
-
+        """Timing for choose_k: the verification line (seconds vs tokens verified), the
+        one-token step, and the draft forward over the batch's one-token verification."""
         if target_s <= 0:
             return
-        if k > 0:
-            per_forward = draft_forward_seconds(draft_s, k, catch_up_s)
-            if per_forward is not None:
-                self._cost_ratio = ema(self._cost_ratio, per_forward / target_s)
-            self._verify_multi_s = ema(self._verify_multi_s, target_s)
-        else:
-            self._verify_single_s = ema(self._verify_single_s, target_s)
-        if self._verify_multi_s and self._verify_single_s:
-            self._single_ratio = self._verify_single_s / self._verify_multi_s
+        if k == 0:
+            self._verify_cost.observe_single(target_s)
+            return
+        self._verify_cost.observe(tokens, target_s)
+        per_forward = draft_forward_seconds(draft_s, k, catch_up_s)
+        line = self._verify_cost.line()
+        if per_forward is not None and line is not None:
+            unit = line[0] + line[1] * len(self._rows)
+            if unit > 0:
+                self._cost_ratio = 0.8 * self._cost_ratio + 0.2 * per_forward / unit
 
     def _shadow(
         self,
