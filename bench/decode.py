@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 
-# bench/ holds other scripts (e.g. operator.py) that would shadow stdlib modules.
+# Keep bench/ off the path: a script there named like a stdlib module would shadow it.
 if sys.path and sys.path[0].rstrip("/").endswith("bench"):
     sys.path.pop(0)
 

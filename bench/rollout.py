@@ -2,7 +2,7 @@
 kube-controller-manager on loopback; pods made Running/Ready by the test bed's
 pod driver, which plays kubelet).
 
-    .venv/bin/python bench/operator.py [--runs 5] [--out bench/results/operator.json]
+    .venv/bin/python bench/rollout.py [--runs 5] [--out bench/results/rollout.json]
 
 Measures, per run, with the operator running as a subprocess at its default
 reconcile interval:
@@ -120,7 +120,7 @@ def one_run(cluster, custom, apps, driver, ns: str, name: str) -> dict[str, floa
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "operator.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rollout.json")
     args = ap.parse_args()
 
     samples: dict[str, list[float]] = {
