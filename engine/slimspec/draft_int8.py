@@ -10,7 +10,7 @@ mlp_bits=4 the MLP weights (87% of a Qwen2.5-0.5B layer's bytes) are int4 groups
 time, for ~3% less agreement with the bf16 draft's argmax.
 
 Kernels: where the CPU has AVX512-VNNI and a C compiler is present, the native ones of
-native_lowbit.py (asymmetric groups of 64 for int4 and int8, activations quantised to
+native_kernels.py (asymmetric groups of 64 for int4 and int8, activations quantised to
 int8 per group); else aten's `_weight_int4pack_mm_for_cpu` (int4 groups of 64) and
 `_weight_int8pack_mm` (per-output-channel int8).
 
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from slimspec import native_lowbit
-from slimspec.native_lowbit import NativeLowBitLinear
+from slimspec import native_kernels
+from slimspec.native_kernels import NativeLowBitLinear
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 FUSED_BITS = {"int8-fused": 8, "int4-fused": 4, "bf16-fused": 16}  # mode -> MLP weight bits
@@ -87,11 +87,11 @@ def check_supported(model: Any, mode: str = "int8-fused") -> None:
             f"draft_quantization={mode!r} needs torch.ops.aten._weight_int8pack_mm, "
             f"which this torch build ({torch.__version__}) lacks; use 'int8' or None"
         )
-    if mode == "int4-fused" and not int4pack_available() and native_lowbit.load() is None:
+    if mode == "int4-fused" and not int4pack_available() and native_kernels.load() is None:
         raise ValueError(
             "draft_quantization='int4-fused' needs torch.ops.aten._weight_int4pack_mm_for_cpu "
             f"(this torch build, {torch.__version__}, lacks it) or the native AVX512-VNNI "
-            "kernels (native_lowbit.py: not available on this CPU/compiler); use 'int8-fused'"
+            "kernels (native_kernels.py: not available on this CPU/compiler); use 'int8-fused'"
         )
 
 
@@ -164,12 +164,12 @@ def _low_bit(
     weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, bits: int
 ) -> Projection:
     """A projection with `bits`-bit weights: bf16 for 16; else the native VNNI kernels
-    where they run and the shape fits (native_lowbit.py: faster than aten's on a CPU
+    where they run and the shape fits (native_kernels.py: faster than aten's on a CPU
     without AMX), else aten's int4 kernel (4 bits, where the shape allows: tiny test
     models may not) or int8 kernel."""
     if bits == 16:
         return DenseLinear(weight, bias, dtype)
-    lib = native_lowbit.load()
+    lib = native_kernels.load()
     if lib is not None and NativeLowBitLinear.fits(weight):
         return NativeLowBitLinear(weight, bias, lib, bits)
     if bits == 4 and bias is None and Int4Linear.fits(weight):
@@ -257,6 +257,16 @@ class FusedInt8Base:
         self.layers = [_Layer(layer, dtype, mlp_bits) for layer in base.layers]
         self.norm = base.norm.weight.detach().to(dtype)
         self.eps = float(base.norm.variance_epsilon)
+        # Whole layers through the native kernels (norms, RoPE, attention, SiLU and the
+        # residual adds inside 5 kernel calls) when every projection is native.
+        self._lib = native_kernels.load() if self._all_native() else None
+
+    def _all_native(self) -> bool:
+        return dtype_ok(self.dtype) and all(
+            isinstance(p, NativeLowBitLinear) and lyr.head_dim % 16 == 0
+            for lyr in self.layers
+            for p in (lyr.qkv, lyr.o, lyr.gate_up, lyr.down)
+        )
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.embed
@@ -273,9 +283,13 @@ class FusedInt8Base:
         h = self.embed(input_ids).to(self.dtype)
         b, q, _ = h.shape
         cos, sin = self.rotary(h, position_ids)
-        cos, sin = cos.to(self.dtype).unsqueeze(1), sin.to(self.dtype).unsqueeze(1)
         # Boolean "may attend" mask: the additive float mask's min would overflow in bf16.
         mask = attention_mask == 0
+        if self._lib is not None:
+            h = self._native_layers(h.contiguous(), cos, sin, mask, cache)
+            h = F.rms_norm(h, (h.shape[-1],), self.norm, self.eps)
+            return SimpleNamespace(last_hidden_state=h)
+        cos, sin = cos.to(self.dtype).unsqueeze(1), sin.to(self.dtype).unsqueeze(1)
         for i, lyr in enumerate(self.layers):
             x = F.rms_norm(h, (h.shape[-1],), lyr.in_norm, lyr.eps)
             qkv = lyr.qkv(x).view(b, q, lyr.n_q + 2 * lyr.n_kv, lyr.head_dim).transpose(1, 2)
@@ -297,6 +311,51 @@ class FusedInt8Base:
             h = h + lyr.down(F.silu(gu[..., : lyr.inter]) * gu[..., lyr.inter :])
         h = F.rms_norm(h, (h.shape[-1],), self.norm, self.eps)
         return SimpleNamespace(last_hidden_state=h)
+
+    def _native_layers(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """The decoder layers through the native kernels, h (B, T, hidden) updated in place.
+
+        Why: at one token per row the fused forward's ~35 small torch ops a layer (norms,
+        RoPE, slicing, the attention's matmuls and softmax, SiLU, residual adds) cost
+        about as much as its matmuls; here a layer is 5 kernel calls plus the cache update.
+        """
+        lib = self._lib
+        b, q, _ = h.shape
+        rows = h.view(b * q, -1)
+        cos2 = cos.to(self.dtype).reshape(b * q, -1).contiguous()
+        sin2 = sin.to(self.dtype).reshape(b * q, -1).contiguous()
+        allowed = mask[:, 0].contiguous()  # (B, T, L)
+        for i, lyr in enumerate(self.layers):
+            nq, nkv, d = lyr.n_q, lyr.n_kv, lyr.head_dim
+            qkv = lyr.qkv.fused(rows, norm=lyr.in_norm, eps=lyr.eps)
+            native_kernels.rope_(lib, qkv, nq + nkv, d, cos2, sin2)
+            heads = qkv.view(b, q, nq + 2 * nkv, d)
+            ks = heads[:, :, nq : nq + nkv].transpose(1, 2).contiguous()
+            vs = heads[:, :, nq + nkv :].transpose(1, 2).contiguous()
+            ks, vs = cache.update(ks, vs, i)
+            if q <= SMALL_QUERY:
+                a = native_kernels.attention(lib, qkv, nq, ks, vs, allowed, lyr.scaling)
+            else:  # prefill: SDPA's blocked kernel wins on long queries
+                a = F.scaled_dot_product_attention(
+                    heads[:, :, :nq].transpose(1, 2),
+                    ks,
+                    vs,
+                    attn_mask=mask,
+                    scale=lyr.scaling,
+                    enable_gqa=nq != nkv,
+                )
+                a = a.transpose(1, 2).reshape(b * q, -1)
+            lyr.o.fused(a, residual=rows)
+            gu = lyr.gate_up.fused(rows, norm=lyr.post_norm, eps=lyr.eps)
+            lyr.down.fused(gu, silu_gate=True, residual=rows)
+        return h
+
+
+def dtype_ok(dtype: torch.dtype) -> bool:
+    """The native kernels read and write bfloat16 activations."""
+    return dtype == torch.bfloat16
 
 
 class FusedInt8Draft:

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from slimspec import SpeculativeDecoder, draft_int8, native_lowbit
+from slimspec import SpeculativeDecoder, draft_int8, native_kernels
 from slimspec.draft_int8 import FusedInt8Draft
 from slimspec.types import GenerationRequest, SamplingParams
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
     not draft_int8.int8pack_available(), reason="torch lacks aten._weight_int8pack_mm"
 )
 MODES = ["int8-fused", "bf16-fused"] + (["int4-fused"] if draft_int8.int4pack_available() else [])
-NATIVE = native_lowbit.load() is not None
+NATIVE = native_kernels.load() is not None
 KERNELS = ["aten"] + (["native"] if NATIVE else [])  # native: AVX512-VNNI and a C compiler
 
 
@@ -31,7 +31,7 @@ KERNELS = ["aten"] + (["native"] if NATIVE else [])  # native: AVX512-VNNI and a
 def kernels(request, monkeypatch):
     """Build fused drafts with the native low-bit kernels, or with aten's only."""
     if request.param == "aten":
-        monkeypatch.setattr(native_lowbit, "load", lambda: None)
+        monkeypatch.setattr(native_kernels, "load", lambda: None)
     return request.param
 
 
@@ -89,7 +89,7 @@ def test_fused_draft_tracks_the_original(tiny_qwen2_pair, mode, kernels):
     fused = FusedInt8Draft(draft, mode).get_decoder()
     layer = fused.layers[0]
     if mode == "int4-fused":  # the tiny MLP shapes do take the int4 path
-        want = {"aten": draft_int8.Int4Linear, "native": native_lowbit.NativeLowBitLinear}
+        want = {"aten": draft_int8.Int4Linear, "native": native_kernels.NativeLowBitLinear}
         assert isinstance(layer.gate_up, want[kernels])
     if kernels == "native" and mode != "bf16-fused":
         assert (layer.gate_up.bits, layer.qkv.bits) == (4 if mode == "int4-fused" else 8, 8)
@@ -127,7 +127,7 @@ def test_fused_draft_needs_the_int8_kernel(tiny_llama_pair, monkeypatch):
 def test_int4_draft_needs_an_int4_kernel(tiny_llama_pair, monkeypatch):
     target, draft = tiny_llama_pair
     monkeypatch.setattr(draft_int8, "int4pack_available", lambda: False)
-    monkeypatch.setattr(native_lowbit, "load", lambda: None)
+    monkeypatch.setattr(native_kernels, "load", lambda: None)
     with pytest.raises(ValueError, match=r"_weight_int4pack_mm_for_cpu.*AVX512-VNNI"):
         SpeculativeDecoder.from_models(target, draft, draft_quantization="int4-fused")
 
@@ -196,3 +196,25 @@ def test_fused_draft_same_hidden_state_either_attention_path(tiny_qwen2_pair, mo
         monkeypatch.setattr(draft_int8, "SMALL_QUERY", small)
         outs.append(prompt_hidden(fused, seed=44, length=12))
     torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.02)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no AVX512-VNNI CPU or C compiler for the native kernels")
+@pytest.mark.parametrize("length", [1, 9, 40])
+def test_native_layers_track_the_torch_layers(tiny_qwen2_pair, length):
+    """With native projections the fused draft runs whole layers through the native
+    kernels (norms, RoPE, attention, SiLU, residuals); it tracks the same projections
+    driven by torch ops. 40 tokens take the SDPA prefill path."""
+    _, draft = tiny_qwen2_pair
+    native = FusedInt8Draft(draft, "int4-fused").get_decoder()
+    torch_glue = FusedInt8Draft(draft, "int4-fused").get_decoder()
+    assert native._lib is not None
+    torch_glue._lib = None
+    a, b = (prompt_hidden(m, seed=46, length=length) for m in (native, torch_glue))
+    assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.995
+
+
+def test_native_layers_only_with_native_projections(tiny_qwen2_pair, monkeypatch):
+    _, draft = tiny_qwen2_pair
+    assert FusedInt8Draft(draft, "bf16-fused").get_decoder()._lib is None
+    monkeypatch.setattr(native_kernels, "load", lambda: None)
+    assert FusedInt8Draft(draft, "int4-fused").get_decoder()._lib is None

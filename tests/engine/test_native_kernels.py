@@ -1,4 +1,4 @@
-"""The native int4/int8 draft kernels (native_lowbit.py, csrc/lowbit_gemv.c).
+"""The native int4/int8 draft kernels (native_kernels.py, csrc/draft_kernels.c).
 
 They only feed the draft, so they are checked for what they compute (against a float
 reference of the same quantisation, and close to the unquantised product), for how
@@ -12,7 +12,7 @@ import logging
 
 import pytest
 import torch
-from slimspec import native_lowbit as nl
+from slimspec import native_kernels as nl
 
 LIB = nl.load()
 needs_lib = pytest.mark.skipif(
@@ -29,7 +29,7 @@ def fresh_load(monkeypatch, tmp_path):
 
 
 def unpack(packed: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
-    """Inverse of nl.pack, written from the layout comment in csrc/lowbit_gemv.c."""
+    """Inverse of nl.pack, written from the layout comment in csrc/draft_kernels.c."""
     g = packed.transpose(1, 2).reshape(n, k // nl.GROUP, -1)  # (N, G, group bytes)
     if bits == 4:
         g = torch.cat([g & 0x0F, g >> 4], dim=-1)
@@ -109,5 +109,81 @@ def test_a_failing_build_falls_back_with_a_warning(fresh_load, monkeypatch, capl
 def test_builds_once_into_the_cache(fresh_load):
     lib = nl.load()
     assert lib is not None and nl.load() is lib
-    built = list((fresh_load / "kernels").glob("lowbit_gemv-*.so"))
+    built = list((fresh_load / "kernels").glob("draft_kernels-*.so"))
     assert [p.name for p in built] == [nl.library_path(nl._compiler()).name]
+
+
+@needs_lib
+@pytest.mark.parametrize("m", [1, 3])
+def test_rmsnorm_prologue_and_residual_epilogue(m):
+    """qkv = W @ rmsnorm(h) and h += W @ x in one call each, as the layer uses them."""
+    gen = torch.Generator().manual_seed(m)
+    w = torch.randn(64, 128, generator=gen) * 0.05
+    lin = nl.NativeLowBitLinear(w, None, LIB, 8)
+    h = (torch.randn(m, 128, generator=gen) * 4).bfloat16()
+    norm_w = (1 + 0.1 * torch.randn(128, generator=gen)).bfloat16()
+    normed = torch.nn.functional.rms_norm(h.float(), (128,), norm_w.float(), 1e-6)
+    got = lin.fused(h, norm=norm_w, eps=1e-6).float()
+    torch.testing.assert_close(got, lin(normed.bfloat16()).float(), rtol=0.02, atol=0.02)
+    assert (got - normed @ w.T).norm() / (normed @ w.T).norm() < 0.015
+
+    x = torch.randn(m, 128, generator=gen).bfloat16()
+    residual = torch.randn(m, 64, generator=gen).bfloat16()
+    want = residual.float() + lin(x).float()
+    out = lin.fused(x, residual=residual)
+    assert out is residual  # added in place
+    torch.testing.assert_close(out.float(), want, rtol=0.01, atol=0.02)
+    with pytest.raises(ValueError, match="residual"):
+        lin.fused(x, residual=torch.zeros(m, 64))
+
+
+@needs_lib
+def test_silu_gate_prologue():
+    """down(silu(gate) * up) from the gate|up output in one call."""
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(32, 192, generator=gen) * 0.05
+    lin = nl.NativeLowBitLinear(w, None, LIB, 8)
+    gu = torch.randn(2, 384, generator=gen).bfloat16()
+    act = torch.nn.functional.silu(gu[:, :192].float()) * gu[:, 192:].float()
+    got = lin.fused(gu, silu_gate=True).float()
+    assert (got - act @ w.T).norm() / (act @ w.T).norm() < 0.015
+    with pytest.raises(ValueError, match="input width"):
+        lin.fused(gu[:, :192], silu_gate=True)
+
+
+@needs_lib
+def test_rope_matches_hf():
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    gen = torch.Generator().manual_seed(3)
+    m, heads, d = 3, 5, 32
+    x = torch.randn(m, (heads + 2) * d, generator=gen).bfloat16()  # 5 roped heads, 2 not
+    angles = torch.rand(m, d // 2, generator=gen) * 6
+    cos = torch.cat([angles.cos()] * 2, -1).bfloat16()
+    sin = torch.cat([angles.sin()] * 2, -1).bfloat16()
+    heads_x = x.float().view(m, heads + 2, d)[:, :heads].transpose(0, 1)  # (H, m, d)
+    want, _ = apply_rotary_pos_emb(heads_x, heads_x, cos.float(), sin.float(), unsqueeze_dim=0)
+    got = x.clone()
+    nl.rope_(LIB, got, heads, d, cos, sin)
+    got = got.float().view(m, heads + 2, d)
+    torch.testing.assert_close(got[:, :heads].transpose(0, 1), want, rtol=0.01, atol=0.02)
+    assert torch.equal(got[:, heads:], x.float().view(m, heads + 2, d)[:, heads:])
+
+
+@needs_lib
+@pytest.mark.parametrize("t", [1, 4, 16])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 4, 16), (14, 2, 64), (8, 2, 128)])
+def test_attention_matches_reference(t, hq, hkv, d):
+    """GQA, holes in the cache (masked keys), ragged rows, a key count not a multiple
+    of 16; q read from a wider qkv row as the layer passes it."""
+    gen = torch.Generator().manual_seed(t * hq + d)
+    b, n_keys = 2, 45
+    qkv = torch.randn(b * t, (hq + 2 * hkv) * d, generator=gen).bfloat16()
+    k = torch.randn(b, hkv, n_keys, d, generator=gen).bfloat16()
+    v = torch.randn(b, hkv, n_keys, d, generator=gen).bfloat16()
+    allowed = torch.rand(b, t, n_keys, generator=gen) > 0.4
+    allowed[:, :, -t:] |= torch.eye(t, dtype=torch.bool)  # every query sees itself
+    q = qkv[:, : hq * d].reshape(b, t, hq, d).transpose(1, 2)
+    want = nl.attention_reference(q, k, v, allowed, d**-0.5)
+    got = nl.attention(LIB, qkv, hq, k, v, allowed, d**-0.5).view(b, t, -1)
+    torch.testing.assert_close(got.float(), want, rtol=0.02, atol=0.02)
