@@ -262,7 +262,8 @@ class FusedInt8Base:
         self._lib = native_kernels.load() if self._all_native() else None
 
     def _all_native(self) -> bool:
-        return dtype_ok(self.dtype) and all(
+        # the native kernels read and write bfloat16 activations
+        return self.dtype == torch.bfloat16 and all(
             isinstance(p, NativeLowBitLinear) and lyr.head_dim % 16 == 0
             for lyr in self.layers
             for p in (lyr.qkv, lyr.o, lyr.gate_up, lyr.down)
@@ -351,11 +352,6 @@ class FusedInt8Base:
             gu = lyr.gate_up.fused(rows, norm=lyr.post_norm, eps=lyr.eps)
             lyr.down.fused(gu, silu_gate=True, residual=rows)
         return h
-
-
-def dtype_ok(dtype: torch.dtype) -> bool:
-    """The native kernels read and write bfloat16 activations."""
-    return dtype == torch.bfloat16
 
 
 class FusedInt8Draft:
