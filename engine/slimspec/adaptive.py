@@ -81,7 +81,7 @@ class AcceptanceEstimate:
 @dataclass
 class VerifyCost:
     """Seconds of a target forward against the number of tokens it verifies (rows x
-    tokens each): an EMA per observed count and a least-squares line through them.
+    tokens each): an EMA per observed count and a robust line through them (`line`).
 
     Why: on CPU, verifying more tokens is not free (here a packed 1.5B target took
     110 ms for 5 tokens and 142 ms for 9), so the k that maximises tokens per second
@@ -94,15 +94,14 @@ class VerifyCost:
     by_tokens: dict[int, float] = field(default_factory=dict)
     single_s: float | None = None
 
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else self.decay * old + (1 - self.decay) * new
+
     def observe(self, tokens: int, seconds: float) -> None:
-        old = self.by_tokens.get(tokens)
-        self.by_tokens[tokens] = (
-            seconds if old is None else self.decay * old + (1 - self.decay) * seconds
-        )
+        self.by_tokens[tokens] = self._ema(self.by_tokens.get(tokens), seconds)
 
     def observe_single(self, seconds: float) -> None:
-        old = self.single_s
-        self.single_s = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        self.single_s = self._ema(self.single_s, seconds)
 
     def line(self) -> tuple[float, float] | None:
         """(intercept >= 0, slope >= 0) in seconds and seconds per token; None before any
@@ -124,6 +123,15 @@ class VerifyCost:
         return intercept, slope
 
 
+def one_token_seconds(line: tuple[float, float] | None, rows: int) -> float | None:
+    """A verification of one token per row for `rows` rows, read off a VerifyCost line:
+    the unit of choose_k's costs (None without a line or a positive time)."""
+    if line is None:
+        return None
+    seconds = line[0] + line[1] * rows
+    return seconds if seconds > 0 else None
+
+
 @dataclass(frozen=True)
 class RelativeCosts:
     """choose_k's inputs: costs in units of the batch's one-token verification."""
@@ -142,15 +150,13 @@ def relative_costs(
 ) -> RelativeCosts:
     """Turn a verification line (seconds vs rows x tokens) into choose_k's units.
 
-    The unit is the line at one token per row; verifying k + 1 tokens per row then
-    costs 1 + k * verify_per_token. draft_ratio is already a draft forward over that
-    unit; single is a k = 0 step over it (single_prior until one was timed).
+    The unit is the line at one token per row (`one_token_seconds`); verifying k + 1
+    tokens per row then costs 1 + k * verify_per_token. draft_ratio is already a draft
+    forward over that unit; single is a k = 0 step over it (single_prior until one was
+    timed).
     """
-    if line is None:
-        return RelativeCosts(draft_ratio, 0.0, single_prior)
-    intercept, slope = line
-    unit = intercept + slope * rows
-    if unit <= 0:
+    unit = one_token_seconds(line, rows)
+    if line is None or unit is None:
         return RelativeCosts(draft_ratio, 0.0, single_prior)
     single = single_prior if single_s is None else single_s / unit
-    return RelativeCosts(draft_ratio, slope * rows / unit, single)
+    return RelativeCosts(draft_ratio, line[1] * rows / unit, single)

@@ -32,6 +32,7 @@ from slimspec.adaptive import (
     VerifyCost,
     choose_k,
     draft_forward_seconds,
+    one_token_seconds,
     relative_costs,
 )
 from slimspec.artifact import CalibrationArtifact, find_artifact, load_artifact, quick_ranking
@@ -894,11 +895,9 @@ class SpeculativeDecoder:
             return
         self._verify_cost.observe(tokens, target_s)
         per_forward = draft_forward_seconds(draft_s, k, catch_up_s)
-        line = self._verify_cost.line()
-        if per_forward is not None and line is not None:
-            unit = line[0] + line[1] * len(self._rows)
-            if unit > 0:
-                self._cost_ratio = 0.8 * self._cost_ratio + 0.2 * per_forward / unit
+        unit = one_token_seconds(self._verify_cost.line(), len(self._rows))
+        if per_forward is not None and unit is not None:
+            self._cost_ratio = 0.8 * self._cost_ratio + 0.2 * per_forward / unit
 
     def _shadow(
         self,
