@@ -163,13 +163,15 @@ Projection = Int8Linear | Int4Linear | NativeLowBitLinear | DenseLinear
 def _low_bit(
     weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, bits: int
 ) -> Projection:
-    """A projection with `bits`-bit weights: bf16 for 16; else the native VNNI kernels
-    where they run and the shape fits (native_kernels.py: faster than aten's on a CPU
-    without AMX), else aten's int4 kernel (4 bits, where the shape allows: tiny test
-    models may not) or int8 kernel."""
-    if bits == 16:
-        return DenseLinear(weight, bias, dtype)
+    """A projection with `bits`-bit weights (16: bf16): the native kernels where they
+    run and the shape fits (native_kernels.py: faster than aten's and oneDNN's on a CPU
+    without AMX); else bf16 through F.linear for 16, aten's int4 kernel for 4 (where
+    the shape allows: tiny test models may not) or its int8 kernel."""
     lib = native_kernels.load()
+    if bits == 16:
+        if lib is not None and native_kernels.bf16_available() and NativeLowBitLinear.fits(weight):
+            return NativeLowBitLinear(weight, bias, lib, 16)
+        return DenseLinear(weight, bias, dtype)
     if lib is not None and NativeLowBitLinear.fits(weight):
         return NativeLowBitLinear(weight, bias, lib, bits)
     if bits == 4 and bias is None and Int4Linear.fits(weight):

@@ -1,7 +1,8 @@
 """Native CPU kernels for the fused drafts (AVX512-VNNI), built on first use.
 
-- `NativeLowBitLinear`: int4/int8-weight matmuls, optionally with the RMSNorm or SiLU
-  gate before them and the residual add after them in the same call;
+- `NativeLowBitLinear`: int4/int8-weight matmuls (and bf16-weight ones where the CPU
+  has AVX512-BF16), optionally with the RMSNorm or SiLU gate before them and the
+  residual add after them in the same call;
 - `rope_` and `attention`: RoPE in place and small-query grouped attention, so a
   draft layer is 5 kernel calls (draft_int8.FusedInt8Base._native_layers).
 
@@ -13,7 +14,8 @@ few activation rows to int8 per group of 64 and multiplies with vpdpbusd: measur
 here, the int4 MLP of all 24 layers takes 6.6-8 ms instead of 9.9-11.7, and the int4
 draft token ~24 ms instead of ~29, with the same acceptance. Doing the layers' small
 ops here too took a draft token from 19 to 13 ms (torch's RMSNorm alone costs ~45 us a
-call on one 896-wide row).
+call on one 896-wide row). For bf16 weights (the "bf16-fused" draft), oneDNN's matmul
+reads 14-19 GB/s at 1-4 rows here, vdpbf16ps on the blocked weight stream more.
 
 The C file is compiled once per source and compiler into $SLIMSPEC_CACHE/kernels with
 the system C compiler (no torch headers: ~1 s) and loaded with ctypes. It links
@@ -44,9 +46,20 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "draft_kernels.c"
 GROUP = 64  # inputs per quantisation group (weights and activations)
 ROWS = 4  # weight rows per block in the kernel's layout
-BITS = (4, 8)
-CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-fopenmp")
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+QUANT_BITS = (4, 8)  # quantised weights
+BITS = (*QUANT_BITS, 16)  # 16: bf16 weights, where the CPU has AVX512-BF16
+CFLAGS = (
+    "-O3",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512vnni",
+    "-mf16c",
+    "-mfma",
+    "-fopenmp",
+)
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+BF16_CPU_FLAG = "avx512_bf16"
 ENV_SWITCH = "SLIMSPEC_NATIVE_KERNELS"
 PROLOGUE_RMSNORM, PROLOGUE_SILU_GATE = 1, 2  # csrc/draft_kernels.c
 
@@ -54,18 +67,27 @@ _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
-def cpu_supported(cpuinfo: str | None = None) -> bool:
-    """True when the CPU reports every AVX512 extension the kernel is compiled for."""
+def _cpu_flags(cpuinfo: str | None) -> set[str]:
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return False
+            return set()
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return all(f in flags for f in REQUIRED_CPU_FLAGS)
-    return False
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_supported(cpuinfo: str | None = None) -> bool:
+    """True when the CPU reports every AVX512 extension the kernel is compiled for."""
+    flags = _cpu_flags(cpuinfo)
+    return all(f in flags for f in REQUIRED_CPU_FLAGS)
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """True when the CPU also has AVX512-BF16 (the bf16-weight kernel's vdpbf16ps)."""
+    return BF16_CPU_FLAG in _cpu_flags(cpuinfo)
 
 
 def _compiler() -> str | None:
@@ -109,6 +131,18 @@ def load() -> ctypes.CDLL | None:
         return _loaded["lib"]
 
 
+def bf16_available() -> bool:
+    """True when `load()` works and its bf16-weight kernel runs here (AVX512-BF16, and
+    it agreed with the reference)."""
+    lib = load()
+    with _lock:
+        if "bf16" not in _loaded:
+            _loaded["bf16"] = bool(lib is not None and cpu_has_bf16() and _self_check(lib, 16))
+            if lib is not None and not _loaded["bf16"]:
+                log.info("native bf16-weight kernel off: no AVX512-BF16 (or its self-check)")
+        return bool(_loaded["bf16"])
+
+
 def _load_uncached() -> ctypes.CDLL | None:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None
@@ -130,7 +164,7 @@ def _load_uncached() -> ctypes.CDLL | None:
             getattr(exc, "stderr", None) or exc,
         )
         return None
-    if not (all(_self_check(lib, bits) for bits in BITS) and _attention_self_check(lib)):
+    if not (all(_self_check(lib, b) for b in QUANT_BITS) and _attention_self_check(lib)):
         log.warning("native low-bit kernels off: the self-check disagreed with the reference")
         return None
     return lib
@@ -140,13 +174,17 @@ def quantize(
     weight: torch.Tensor, bits: int, group: int = GROUP
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric groups along K: (u uint8 (N, K) in 0..2^bits-1, scale, low (N, K/group))
-    with w ~= u * scale + low."""
+    with w ~= u * scale + low. scale and low are values of float16 (the kernel stores
+    them so), and u is rounded against those."""
+    if bits not in QUANT_BITS:
+        raise ValueError(f"quantize takes bits in {QUANT_BITS}, got {bits}")
     w = weight.detach().float()
     n, k = w.shape
     top = float(2**bits - 1)
     wg = w.view(n, k // group, group)
     low, high = wg.amin(dim=-1), wg.amax(dim=-1)
-    scale = ((high - low) / top).clamp_min(1e-8)
+    scale = ((high - low) / top).clamp_min(1e-7).half().float()
+    low = low.half().float()
     u = torch.round((wg - low[..., None]) / scale[..., None]).clamp(0, top).to(torch.uint8)
     return u.view(n, k), scale, low
 
@@ -186,8 +224,9 @@ def reference(
 
 
 class NativeLowBitLinear:
-    """y = x @ W.T (+ bias) with W in asymmetric int4 or int8 groups of 64, through
-    csrc/draft_kernels.c. Build only with a library from `load()`; see `fits`."""
+    """y = x @ W.T (+ bias) with W in asymmetric int4 or int8 groups of 64, or in bf16
+    (bits=16), through csrc/draft_kernels.c. Build only with a library from `load()`
+    (and for 16 bits only where `bf16_available()`); see `fits`."""
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, bits: int
@@ -196,10 +235,16 @@ class NativeLowBitLinear:
             raise ValueError(f"bits must be one of {BITS}, got {bits}")
         if not self.fits(weight):
             raise ValueError(f"weight shape {tuple(weight.shape)}: need K % 64 == N % 4 == 0")
-        u, scale, low = quantize(weight, bits)
         self.bits = bits
-        self.packed = pack(u, bits)
-        self.scale, self.low = blocked(scale), blocked(low)
+        if bits == 16:
+            n, k = weight.shape
+            w16 = weight.detach().to(torch.bfloat16).view(torch.int16)
+            self.packed = blocked(w16.reshape(n, k // GROUP, GROUP))
+            self.scale = self.low = None
+        else:
+            u, scale, low = quantize(weight, bits)
+            self.packed = pack(u, bits)
+            self.scale, self.low = blocked(scale.half()), blocked(low.half())
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
         self.out_features, self.in_features = weight.shape
         self._fn = lib.lowbit_gemm_bf16
@@ -244,8 +289,8 @@ class NativeLowBitLinear:
             m,
             self.in_features,
             self.packed.data_ptr(),
-            self.scale.data_ptr(),
-            self.low.data_ptr(),
+            None if self.scale is None else self.scale.data_ptr(),
+            None if self.low is None else self.low.data_ptr(),
             self.out_features,
             None if self.bias is None else self.bias.data_ptr(),
             y.data_ptr(),
@@ -316,13 +361,17 @@ def attention(
 
 
 def _self_check(lib: ctypes.CDLL, bits: int) -> bool:
-    """The kernel on a small random case (every row-chunk size) against `reference`."""
+    """The kernel on a small random case (every row-chunk size) against `reference`
+    (bits=16: against the float product of the bf16 weights)."""
     gen = torch.Generator().manual_seed(bits)
     w = torch.randn(48, 192, generator=gen) * 0.05
     bias = torch.randn(48, generator=gen).bfloat16()
     x = torch.randn(7, 192, generator=gen).bfloat16()
-    u, scale, low = quantize(w, bits)
-    want = reference(x, u, scale, low) + bias.float()
+    if bits == 16:
+        want = x.float() @ w.bfloat16().float().T + bias.float()
+    else:
+        u, scale, low = quantize(w, bits)
+        want = reference(x, u, scale, low) + bias.float()
     got = NativeLowBitLinear(w, bias, lib, bits)(x).float()
     return bool(torch.allclose(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item()))
 

@@ -200,13 +200,16 @@ def test_fused_draft_same_hidden_state_either_attention_path(tiny_qwen2_pair, mo
 
 @pytest.mark.skipif(not NATIVE, reason="no AVX512-VNNI CPU or C compiler for the native kernels")
 @pytest.mark.parametrize("length", [1, 9, 40])
-def test_native_layers_track_the_torch_layers(tiny_qwen2_pair, length):
+@pytest.mark.parametrize("mode", ["int4-fused", "bf16-fused"])
+def test_native_layers_track_the_torch_layers(tiny_qwen2_pair, length, mode):
     """With native projections the fused draft runs whole layers through the native
     kernels (norms, RoPE, attention, SiLU, residuals); it tracks the same projections
     driven by torch ops. 40 tokens take the SDPA prefill path."""
+    if mode == "bf16-fused" and not native_kernels.bf16_available():
+        pytest.skip("no AVX512-BF16: the bf16-fused draft keeps torch's bf16 matmuls")
     _, draft = tiny_qwen2_pair
-    native = FusedInt8Draft(draft, "int4-fused").get_decoder()
-    torch_glue = FusedInt8Draft(draft, "int4-fused").get_decoder()
+    native = FusedInt8Draft(draft, mode).get_decoder()
+    torch_glue = FusedInt8Draft(draft, mode).get_decoder()
     assert native._lib is not None
     torch_glue._lib = None
     a, b = (prompt_hidden(m, seed=46, length=length) for m in (native, torch_glue))
@@ -215,6 +218,10 @@ def test_native_layers_track_the_torch_layers(tiny_qwen2_pair, length):
 
 def test_native_layers_only_with_native_projections(tiny_qwen2_pair, monkeypatch):
     _, draft = tiny_qwen2_pair
-    assert FusedInt8Draft(draft, "bf16-fused").get_decoder()._lib is None
+    bf16 = FusedInt8Draft(draft, "bf16-fused").get_decoder()
+    assert (bf16._lib is not None) == native_kernels.bf16_available()
+    monkeypatch.setattr(native_kernels, "bf16_available", lambda: False)
+    bf16 = FusedInt8Draft(draft, "bf16-fused").get_decoder()
+    assert bf16._lib is None and isinstance(bf16.layers[0].qkv, draft_int8.DenseLinear)
     monkeypatch.setattr(native_kernels, "load", lambda: None)
     assert FusedInt8Draft(draft, "int4-fused").get_decoder()._lib is None

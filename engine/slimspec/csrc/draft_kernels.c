@@ -1,4 +1,5 @@
-// Low-bit-weight x int8-activation matrix products for the draft (AVX512-VNNI).
+// Low-bit-weight x int8-activation matrix products for the draft (AVX512-VNNI), and
+// bf16-weight products (AVX512-BF16) for the unquantised "bf16-fused" draft.
 //
 // Why: on CPUs without AMX, aten's _weight_int4pack_mm_for_cpu dequantises every
 // weight to float before multiplying and runs compute-bound at ~16 GB/s of int4 with
@@ -6,16 +7,19 @@
 // a call for the small attention projections. Quantising the few activation rows to
 // int8 (one scale per group of 64, as llama.cpp's Q8 blocks) lets vpdpbusd multiply 64
 // unsigned weights by 64 signed activations in one instruction, so the product runs
-// at about the speed of reading the weights.
+// at about the speed of reading the weights. For bf16 weights, oneDNN's bf16 matmul
+// reads ~14-19 GB/s at 1-4 rows here; vdpbf16ps on a weight stream reads ~25.
 //
 // Weights: asymmetric groups of 64 inputs, w = u * scale + low with u in 0..15 (bits
-// = 4) or 0..255 (bits = 8). Layout (built by native_kernels.py), N a multiple of
-// ROWS = 4: rows come in blocks of 4 stored group by group, so a block is one
-// contiguous stream: wq[n / 4][g][n % 4] holds the group's bytes (bits = 8: u[j];
-// bits = 4: 32 bytes, byte j = u[j] | u[j + 32] << 4); scale and low are
-// [n / 4][g][n % 4] floats.
+// = 4) or 0..255 (bits = 8); bits = 16: the bf16 weights themselves. Layout (built by
+// native_kernels.py), N a multiple of ROWS = 4: rows come in blocks of 4 stored group
+// by group, so a block is one contiguous stream: wq[n / 4][g][n % 4] holds the group's
+// bytes (bits = 8: u[j]; bits = 4: 32 bytes, byte j = u[j] | u[j + 32] << 4; bits =
+// 16: 64 bf16); scale and low are [n / 4][g][n % 4] fp16 (half the bytes of float:
+// with int4 a group's metadata is 4 bytes on 32 of weights instead of 8).
 // y[m][n] = sum_g scale * xs[m][g] * sum_j u[j] * xq[m][j] + low * xs[m][g] * sum_j xq[m][j]
-// (+ bias[n]): the dequantised activations times the dequantised weights. Inputs and outputs are bfloat16; int32 within a group, float across.
+// (+ bias[n]): the dequantised activations times the dequantised weights. Inputs and
+// outputs are bfloat16; int32 within a group, float across.
 
 #include <immintrin.h>
 #include <math.h>
@@ -26,7 +30,9 @@
 #define GROUP 64
 #define MCHUNK 4            // activation rows per pass over a weight block
 #define ROWS 4              // weight rows per block
+#ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024 // software prefetch distance in the weight stream
+#endif
 
 static inline float bf16_to_f32(uint16_t v) {
     uint32_t bits = (uint32_t)v << 16;
@@ -43,34 +49,76 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
+// 16 bf16 values -> 16 floats.
+static inline __m512 load16_bf16(const uint16_t *p) {
+    __m256i raw = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// 16 floats -> 16 bf16, rounded to nearest even (finite inputs).
+static inline void store16_bf16(uint16_t *p, __m512 v) {
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+}
+
+// exp for x <= 0 (softmax after subtracting the max): 2^n * p(r), |r| <= ln2/2,
+// degree-5 polynomial; relative error ~2e-7.
+static inline __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.69314718f), x);
+    __m512 p = _mm512_set1_ps(1.0f / 120.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
 enum { PROLOGUE_NONE = 0, PROLOGUE_RMSNORM = 1, PROLOGUE_SILU_GATE = 2 };
 
-// The matmul's input row m as float, after the optional prologue:
+// The matmul's input row m as float, after the optional prologue (k a multiple of 16):
 // RMSNORM: x * rsqrt(mean(x^2) + eps) * norm_w (Llama/Qwen2 RMSNorm; x has k columns);
 // SILU_GATE: silu(x[:k]) * x[k:2k] (the MLP's gate/up output; x has 2k columns).
 static void input_row(const uint16_t *x, int64_t m, int64_t k, int prologue,
                       const uint16_t *norm_w, float eps, float *v) {
     if (prologue == PROLOGUE_SILU_GATE) {
         const uint16_t *gate = x + m * 2 * k, *up = gate + k;
-        for (int64_t j = 0; j < k; j++) {
-            float g = bf16_to_f32(gate[j]);
-            v[j] = g / (1.0f + expf(-g)) * bf16_to_f32(up[j]);
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (int64_t j = 0; j < k; j += 16) {
+            __m512 g = load16_bf16(gate + j);
+            // sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below, e = exp(-|g|) <= 1
+            __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+            __m512 r = _mm512_div_ps(one, _mm512_add_ps(one, e));
+            __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+            __m512 sig = _mm512_mask_mul_ps(r, neg, r, e);
+            _mm512_storeu_ps(v + j, _mm512_mul_ps(_mm512_mul_ps(g, sig), load16_bf16(up + j)));
         }
         return;
     }
     const uint16_t *src = x + m * k;
-    for (int64_t j = 0; j < k; j++) v[j] = bf16_to_f32(src[j]);
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t j = 0; j < k; j += 16) {
+        __m512 a = load16_bf16(src + j);
+        ss = _mm512_fmadd_ps(a, a, ss);
+        _mm512_storeu_ps(v + j, a);
+    }
     if (prologue == PROLOGUE_RMSNORM) {
-        double ss = 0.0;
-        for (int64_t j = 0; j < k; j++) ss += (double)v[j] * v[j];
-        float r = 1.0f / sqrtf((float)(ss / (double)k) + eps);
-        for (int64_t j = 0; j < k; j++) v[j] = v[j] * r * bf16_to_f32(norm_w[j]);
+        __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)k + eps));
+        for (int64_t j = 0; j < k; j += 16)
+            _mm512_storeu_ps(v + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(v + j), r),
+                                                  load16_bf16(norm_w + j)));
     }
 }
 
 // Per row m and group g: xq (int8), xs = max|v| / 127 and xsum = xs * sum of xq (the
 // sum of the quantised activations, not of v: with asymmetric weights the low term
 // would otherwise add the activations' rounding error times the group's offset).
+// Rounding is to nearest even (the default MXCSR mode), as native_kernels.reference.
 static void quantize_rows(const uint16_t *x, int64_t m_rows, int64_t k, int prologue,
                           const uint16_t *norm_w, float eps, float *v, int8_t *xq, float *xs,
                           float *xsum) {
@@ -79,102 +127,242 @@ static void quantize_rows(const uint16_t *x, int64_t m_rows, int64_t k, int prol
         input_row(x, m, k, prologue, norm_w, eps, v);
         for (int64_t g = 0; g < groups; g++) {
             const float *src = v + g * GROUP;
-            float amax = 0.0f;
-            for (int j = 0; j < GROUP; j++) {
-                float a = fabsf(src[j]);
-                amax = a > amax ? a : amax;
+            __m512 a[4], amax = _mm512_setzero_ps();
+            for (int c = 0; c < 4; c++) {
+                a[c] = _mm512_loadu_ps(src + 16 * c);
+                amax = _mm512_max_ps(amax, _mm512_abs_ps(a[c]));
             }
-            float scale = amax / 127.0f;
-            float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+            float scale = _mm512_reduce_max_ps(amax) / 127.0f;
+            __m512 inv = _mm512_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
             int8_t *dst = xq + m * k + g * GROUP;
-            int32_t isum = 0;
-            for (int j = 0; j < GROUP; j++) {
-                dst[j] = (int8_t)lrintf(src[j] * inv);
-                isum += dst[j];
+            __m512i isum = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) {
+                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(a[c], inv));
+                isum = _mm512_add_epi32(isum, q);
+                _mm_storeu_si128((__m128i *)(dst + 16 * c), _mm512_cvtsepi32_epi8(q));
             }
             xs[m * groups + g] = scale;
-            xsum[m * groups + g] = scale * (float)isum;
+            xsum[m * groups + g] = scale * (float)_mm512_reduce_add_epi32(isum);
         }
     }
 }
 
-// 64 unsigned weights of one group, in input order, as bytes.
-static inline __attribute__((always_inline)) __m512i load_group(const uint8_t *p,
-                                                               const int bits) {
-    if (bits == 8) return _mm512_loadu_si512((const void *)p);
-    __m256i packed = _mm256_loadu_si256((const __m256i *)p);
-    __m256i mask = _mm256_set1_epi8(0x0f);
-    __m256i lo = _mm256_and_si256(packed, mask);
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+// The input rows after the prologue, rounded to bf16 (the bf16-weight path).
+static void bf16_rows(const uint16_t *x, int64_t m_rows, int64_t k, int prologue,
+                      const uint16_t *norm_w, float eps, float *v, uint16_t *xb) {
+    for (int64_t m = 0; m < m_rows; m++) {
+        input_row(x, m, k, prologue, norm_w, eps, v);
+        for (int64_t j = 0; j < k; j += 16) store16_bf16(xb + m * k + j, _mm512_loadu_ps(v + j));
+    }
 }
 
-// ROWS weight rows x mc activation rows: ROWS * mc independent accumulators, so the
-// float multiply-add chains overlap instead of waiting on one another. The block's
-// weights are one contiguous stream (see the layout above), which the hardware
-// prefetcher follows; the software prefetch runs a few groups ahead of it.
-static inline __attribute__((always_inline)) void block_rows(
-    const int bits, const uint8_t *wblk, const float *sblk, const float *lblk, int64_t n0, int64_t k,
+// y[m][n0 + r] = v (+ bias), or += v when accumulating (a residual add in place).
+static inline void store_out(uint16_t *y, int64_t n_out, int64_t m, int64_t n, float v,
+                             const uint16_t *bias, int accumulate) {
+    v += bias ? bf16_to_f32(bias[n]) : 0.0f;
+    uint16_t *dst = y + m * n_out + n;
+    *dst = f32_to_bf16(accumulate ? bf16_to_f32(*dst) + v : v);
+}
+
+static inline __attribute__((always_inline)) void prefetch_group(const uint8_t *wg,
+                                                                 int64_t bytes) {
+    for (int64_t line = 0; line < bytes; line += 64)
+        _mm_prefetch((const char *)(wg + PREFETCH_BYTES + line), _MM_HINT_T0);
+}
+
+// int4: one 64-byte load holds two rows' group (32 bytes each), so the low nibbles
+// of rows r, r+1 meet activations 0..31 and the high nibbles 32..63 in two vpdpbusd
+// on one accumulator: lanes 0-7 sum row r, lanes 8-15 row r+1. That is half the
+// unpacking and float work per weight of one row per vector, which made the kernel
+// compute-bound at ~20 GB/s.
+static inline __attribute__((always_inline)) void block_int4(
+    const uint8_t *wblk, const uint16_t *sblk, const uint16_t *lblk, int64_t n0, int64_t k,
     const int8_t *xq, const float *xs, const float *xsum, int64_t m0, const int64_t mc,
     const uint16_t *bias, uint16_t *y, int64_t n_out, int accumulate) {
-    const int64_t group_bytes = GROUP * bits / 8;
+    int64_t groups = k / GROUP;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i pick01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i pick23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+    __m512 acc01[MCHUNK], acc23[MCHUNK];
+    __m128 zacc[MCHUNK];
+    for (int i = 0; i < MCHUNK; i++) {
+        acc01[i] = acc23[i] = _mm512_setzero_ps();
+        zacc[i] = _mm_setzero_ps();
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *wg = wblk + g * ROWS * 32;
+        prefetch_group(wg, ROWS * 32);
+        __m512i w01 = _mm512_loadu_si512((const void *)wg);
+        __m512i w23 = _mm512_loadu_si512((const void *)(wg + 64));
+        __m512i lo01 = _mm512_and_si512(w01, nib);
+        __m512i hi01 = _mm512_and_si512(_mm512_srli_epi16(w01, 4), nib);
+        __m512i lo23 = _mm512_and_si512(w23, nib);
+        __m512i hi23 = _mm512_and_si512(_mm512_srli_epi16(w23, 4), nib);
+        __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sblk + g * ROWS)));
+        __m128 l4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(lblk + g * ROWS)));
+        __m512 s01 = _mm512_permutexvar_ps(pick01, _mm512_castps128_ps512(s4));
+        __m512 s23 = _mm512_permutexvar_ps(pick23, _mm512_castps128_ps512(s4));
+        for (int64_t i = 0; i < mc; i++) {
+            int64_t m = m0 + i;
+            const int8_t *xg = xq + m * k + g * GROUP;
+            __m512i xlo = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xg));
+            __m512i xhi = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xg + 32)));
+            __m512i d01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo01, xlo);
+            __m512i d23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo23, xlo);
+            d01 = _mm512_dpbusd_epi32(d01, hi01, xhi);
+            d23 = _mm512_dpbusd_epi32(d23, hi23, xhi);
+            __m512 xsv = _mm512_set1_ps(xs[m * groups + g]);
+            acc01[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_mul_ps(s01, xsv), acc01[i]);
+            acc23[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_mul_ps(s23, xsv), acc23[i]);
+            zacc[i] = _mm_fmadd_ps(l4, _mm_set1_ps(xsum[m * groups + g]), zacc[i]);
+        }
+    }
+    for (int64_t i = 0; i < mc; i++) {
+        float z[4];
+        _mm_storeu_ps(z, zacc[i]);
+        float sums[4] = {_mm512_mask_reduce_add_ps(0x00ff, acc01[i]),
+                         _mm512_mask_reduce_add_ps(0xff00, acc01[i]),
+                         _mm512_mask_reduce_add_ps(0x00ff, acc23[i]),
+                         _mm512_mask_reduce_add_ps(0xff00, acc23[i])};
+        for (int r = 0; r < ROWS; r++)
+            store_out(y, n_out, m0 + i, n0 + r, sums[r] + z[r], bias, accumulate);
+    }
+}
+
+// int8: a row's group is one 64-byte vector; ROWS * mc independent accumulators, so
+// the float multiply-add chains overlap instead of waiting on one another.
+static inline __attribute__((always_inline)) void block_int8(
+    const uint8_t *wblk, const uint16_t *sblk, const uint16_t *lblk, int64_t n0, int64_t k,
+    const int8_t *xq, const float *xs, const float *xsum, int64_t m0, const int64_t mc,
+    const uint16_t *bias, uint16_t *y, int64_t n_out, int accumulate) {
     int64_t groups = k / GROUP;
     __m512 acc[ROWS][MCHUNK];
-    float zterm[ROWS][MCHUNK];
-    for (int r = 0; r < ROWS; r++)
-        for (int i = 0; i < MCHUNK; i++) {
-            acc[r][i] = _mm512_setzero_ps();
-            zterm[r][i] = 0.0f;
-        }
+    __m128 zacc[MCHUNK];
+    for (int i = 0; i < MCHUNK; i++) {
+        for (int r = 0; r < ROWS; r++) acc[r][i] = _mm512_setzero_ps();
+        zacc[i] = _mm_setzero_ps();
+    }
     for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *wg = wblk + g * ROWS * group_bytes;
-        for (int64_t line = 0; line < ROWS * group_bytes; line += 64)
-            _mm_prefetch((const char *)(wg + PREFETCH_BYTES + line), _MM_HINT_T0);
+        const uint8_t *wg = wblk + g * ROWS * GROUP;
+        prefetch_group(wg, ROWS * GROUP);
+        float s[ROWS];
+        _mm_storeu_ps(s, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sblk + g * ROWS))));
+        __m128 l4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(lblk + g * ROWS)));
         __m512i xv[MCHUNK];
-        float xsg[MCHUNK], xsumg[MCHUNK];
+        float xsg[MCHUNK];
         for (int64_t i = 0; i < mc; i++) {
             int64_t m = m0 + i;
             xv[i] = _mm512_loadu_si512((const void *)(xq + m * k + g * GROUP));
             xsg[i] = xs[m * groups + g];
-            xsumg[i] = xsum[m * groups + g];
+            zacc[i] = _mm_fmadd_ps(l4, _mm_set1_ps(xsum[m * groups + g]), zacc[i]);
         }
         for (int r = 0; r < ROWS; r++) {
-            __m512i w = load_group(wg + r * group_bytes, bits);
-            float s = sblk[g * ROWS + r], lo = lblk[g * ROWS + r];
+            __m512i w = _mm512_loadu_si512((const void *)(wg + r * GROUP));
             for (int64_t i = 0; i < mc; i++) {
                 __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv[i]);
-                acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(s * xsg[i]),
+                acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(s[r] * xsg[i]),
                                             acc[r][i]);
-                zterm[r][i] += lo * xsumg[i];
             }
         }
     }
-    for (int r = 0; r < ROWS; r++) {
-        float b = bias ? bf16_to_f32(bias[n0 + r]) : 0.0f;
+    for (int64_t i = 0; i < mc; i++) {
+        float z[4];
+        _mm_storeu_ps(z, zacc[i]);
+        for (int r = 0; r < ROWS; r++)
+            store_out(y, n_out, m0 + i, n0 + r, _mm512_reduce_add_ps(acc[r][i]) + z[r], bias,
+                      accumulate);
+    }
+}
+
+// bf16 weights: vdpbf16ps multiplies 32 bf16 pairs into 16 float lanes.
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+block_bf16(const uint16_t *wblk, int64_t n0, int64_t k, const uint16_t *xb, int64_t m0,
+           const int64_t mc, const uint16_t *bias, uint16_t *y, int64_t n_out, int accumulate) {
+    int64_t groups = k / GROUP;
+    __m512 acc[ROWS][MCHUNK];
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < MCHUNK; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const uint16_t *wg = wblk + g * ROWS * GROUP;
+        prefetch_group((const uint8_t *)wg, ROWS * GROUP * 2);
+        __m512i x0[MCHUNK], x1[MCHUNK];
         for (int64_t i = 0; i < mc; i++) {
-            float v = _mm512_reduce_add_ps(acc[r][i]) + zterm[r][i] + b;
-            uint16_t *dst = y + (m0 + i) * n_out + n0 + r;
-            *dst = f32_to_bf16(accumulate ? bf16_to_f32(*dst) + v : v);
+            const uint16_t *xr = xb + (m0 + i) * k + g * GROUP;
+            x0[i] = _mm512_loadu_si512((const void *)xr);
+            x1[i] = _mm512_loadu_si512((const void *)(xr + 32));
+        }
+        for (int r = 0; r < ROWS; r++) {
+            __m512i w0 = _mm512_loadu_si512((const void *)(wg + r * GROUP));
+            __m512i w1 = _mm512_loadu_si512((const void *)(wg + r * GROUP + 32));
+            for (int64_t i = 0; i < mc; i++) {
+                acc[r][i] = _mm512_dpbf16_ps(acc[r][i], (__m512bh)w0, (__m512bh)x0[i]);
+                acc[r][i] = _mm512_dpbf16_ps(acc[r][i], (__m512bh)w1, (__m512bh)x1[i]);
+            }
+        }
+    }
+    for (int64_t i = 0; i < mc; i++)
+        for (int r = 0; r < ROWS; r++)
+            store_out(y, n_out, m0 + i, n0 + r, _mm512_reduce_add_ps(acc[r][i]), bias,
+                      accumulate);
+}
+
+// Constant mc lets the compiler keep the accumulators in registers.
+#define BY_CHUNK(CALL)                 \
+    switch (mc) {                      \
+        case 1: CALL(1); break;        \
+        case 2: CALL(2); break;        \
+        case 3: CALL(3); break;        \
+        default: CALL(MCHUNK); break;  \
+    }
+
+__attribute__((target("avx512bf16"))) static void gemm_bf16_blocks(
+    const uint16_t *xb, int64_t m_rows, int64_t k, const uint16_t *w, int64_t n_out,
+    const uint16_t *bias, uint16_t *y, int accumulate) {
+    int64_t blocks = n_out / ROWS;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const uint16_t *wblk = w + blk * ROWS * k;
+        for (int64_t m0 = 0; m0 < m_rows; m0 += MCHUNK) {
+            int64_t mc = m_rows - m0 < MCHUNK ? m_rows - m0 : MCHUNK;
+#define CALL(MC) block_bf16(wblk, blk * ROWS, k, xb, m0, MC, bias, y, n_out, accumulate)
+            BY_CHUNK(CALL)
+#undef CALL
         }
     }
 }
 
 // y (m_rows, n_out) = prologue(x) (m_rows, k) @ W.T (+ bias), or y += that when
-// accumulate (a residual add in place); k a multiple of 64, n_out of 4, bits 4 or 8.
+// accumulate (a residual add in place); k a multiple of 64, n_out of 4, bits 4, 8 or
+// 16 (16 only where the CPU has AVX512-BF16: native_kernels.py checks).
 // Returns 0, -1 when the scratch buffers cannot be allocated, -2 for bad arguments.
 int lowbit_gemm_bf16(const uint16_t *x, int64_t m_rows, int64_t k, const uint8_t *wq,
-                     const float *scale, const float *low, int64_t n_out,
+                     const uint16_t *scale, const uint16_t *low, int64_t n_out,
                      const uint16_t *bias, uint16_t *y, int bits, int prologue,
                      const uint16_t *norm_w, float eps, int accumulate) {
-    if ((bits != 4 && bits != 8) || k % GROUP || n_out % ROWS || m_rows < 1) return -2;
+    if ((bits != 4 && bits != 8 && bits != 16) || k % GROUP || n_out % ROWS || m_rows < 1)
+        return -2;
     if (prologue < PROLOGUE_NONE || prologue > PROLOGUE_SILU_GATE) return -2;
     if (prologue == PROLOGUE_RMSNORM && !norm_w) return -2;
+    if (bits != 16 && (!scale || !low)) return -2;
     int64_t groups = k / GROUP;
+    float *v = (float *)malloc(sizeof(float) * (size_t)k);
+    if (!v) return -1;
+    if (bits == 16) {
+        uint16_t *xb = (uint16_t *)aligned_alloc(64, (size_t)(m_rows * k * 2 + 64));
+        if (!xb) {
+            free(v);
+            return -1;
+        }
+        bf16_rows(x, m_rows, k, prologue, norm_w, eps, v, xb);
+        free(v);
+        gemm_bf16_blocks(xb, m_rows, k, (const uint16_t *)wq, n_out, bias, y, accumulate);
+        free(xb);
+        return 0;
+    }
     int8_t *xq = (int8_t *)aligned_alloc(64, (size_t)(m_rows * k + 64));
     float *xs = (float *)malloc(sizeof(float) * (size_t)(m_rows * groups));
     float *xsum = (float *)malloc(sizeof(float) * (size_t)(m_rows * groups));
-    float *v = (float *)malloc(sizeof(float) * (size_t)k);
-    if (!xq || !xs || !xsum || !v) {
+    if (!xq || !xs || !xsum) {
         free(xq);
         free(xs);
         free(xsum);
@@ -187,30 +375,21 @@ int lowbit_gemm_bf16(const uint16_t *x, int64_t m_rows, int64_t k, const uint8_t
 #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; blk++) {
         const uint8_t *wblk = wq + blk * ROWS * (k * bits / 8);
-        const float *sblk = scale + blk * ROWS * groups;
-        const float *lblk = low + blk * ROWS * groups;
+        const uint16_t *sblk = scale + blk * ROWS * groups;
+        const uint16_t *lblk = low + blk * ROWS * groups;
         for (int64_t m0 = 0; m0 < m_rows; m0 += MCHUNK) {
             int64_t mc = m_rows - m0 < MCHUNK ? m_rows - m0 : MCHUNK;
-            // Constant bits and mc let the compiler keep the accumulators in registers.
-#define BLOCK(B, MC) \
-    block_rows(B, wblk, sblk, lblk, blk * ROWS, k, xq, xs, xsum, m0, MC, bias, y, n_out, \
-               accumulate)
+#define CALL4(MC) \
+    block_int4(wblk, sblk, lblk, blk * ROWS, k, xq, xs, xsum, m0, MC, bias, y, n_out, accumulate)
+#define CALL8(MC) \
+    block_int8(wblk, sblk, lblk, blk * ROWS, k, xq, xs, xsum, m0, MC, bias, y, n_out, accumulate)
             if (bits == 4) {
-                switch (mc) {
-                    case 1: BLOCK(4, 1); break;
-                    case 2: BLOCK(4, 2); break;
-                    case 3: BLOCK(4, 3); break;
-                    default: BLOCK(4, 4); break;
-                }
+                BY_CHUNK(CALL4)
             } else {
-                switch (mc) {
-                    case 1: BLOCK(8, 1); break;
-                    case 2: BLOCK(8, 2); break;
-                    case 3: BLOCK(8, 3); break;
-                    default: BLOCK(8, 4); break;
-                }
+                BY_CHUNK(CALL8)
             }
-#undef BLOCK
+#undef CALL4
+#undef CALL8
         }
     }
     free(xq);
@@ -237,28 +416,6 @@ void rope_bf16(uint16_t *x, int64_t m_rows, int64_t stride, int64_t n_heads, int
             }
         }
     }
-}
-
-// 16 bf16 values -> 16 floats.
-static inline __m512 load16_bf16(const uint16_t *p) {
-    __m256i raw = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// exp for x <= 0 (softmax after subtracting the max): 2^n * p(r), |r| <= ln2/2,
-// degree-5 polynomial; relative error ~2e-7.
-static inline __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.69314718f), x);
-    __m512 p = _mm512_set1_ps(1.0f / 120.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 // Softmax attention for a few query tokens with grouped KV heads (decode steps):
