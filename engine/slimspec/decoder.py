@@ -322,6 +322,8 @@ class SpeculativeDecoder:
             from slimspec.draft_fast import quantize_draft
 
             self.draft = quantize_draft(self.draft, draft_quantization)
+            if draft_quantization in ("int8-fused", "int4-fused"):
+                self.head.use_low_bit(8)  # the subset head's rows in int8 too, where native
         self._draft_base = (
             self.draft.get_decoder() if hasattr(self.draft, "get_decoder") else self.draft.model
         )

@@ -266,11 +266,16 @@ class NativeLowBitLinear:
         eps: float = 0.0,
         silu_gate: bool = False,
         residual: torch.Tensor | None = None,
+        rows: int | None = None,
     ) -> torch.Tensor:
         """(M, K) -> (M, N) with the neighbouring small ops done inside the kernel call:
         norm: RMSNorm of x with this weight first; silu_gate: x is (M, 2K) gate|up and
         the input is silu(gate) * up; residual: add into this contiguous bf16 (M, N)
-        tensor in place and return it."""
+        tensor in place and return it; rows: only the first `rows` outputs (a multiple
+        of 4: the weights' first blocks), (M, rows)."""
+        n_out = self.out_features if rows is None else rows
+        if not (0 < n_out <= self.out_features and n_out % ROWS == 0):
+            raise ValueError(f"rows must be a multiple of {ROWS} in 1..{self.out_features}")
         x = x.to(torch.bfloat16).contiguous()
         m = x.shape[0]
         if x.shape[1] != self.in_features * (2 if silu_gate else 1):
@@ -279,10 +284,12 @@ class NativeLowBitLinear:
         if norm is not None:
             norm = norm.to(torch.bfloat16).contiguous()
         if residual is None:
-            y = torch.empty(m, self.out_features, dtype=torch.bfloat16)
+            y = torch.empty(m, n_out, dtype=torch.bfloat16)
         else:
             if residual.dtype != torch.bfloat16 or not residual.is_contiguous():
                 raise ValueError("residual must be a contiguous bfloat16 tensor")
+            if tuple(residual.shape) != (m, n_out):
+                raise ValueError(f"residual shape {tuple(residual.shape)} != {(m, n_out)}")
             y = residual
         rc = self._fn(
             x.data_ptr(),
@@ -291,7 +298,7 @@ class NativeLowBitLinear:
             self.packed.data_ptr(),
             None if self.scale is None else self.scale.data_ptr(),
             None if self.low is None else self.low.data_ptr(),
-            self.out_features,
+            n_out,
             None if self.bias is None else self.bias.data_ptr(),
             y.data_ptr(),
             self.bits,

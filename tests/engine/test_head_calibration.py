@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from slimspec import SpeculativeDecoder
+from slimspec import SpeculativeDecoder, native_kernels
 from slimspec.artifact import find_artifact, load_artifact, ranking_from_counts, save_artifact
 from slimspec.calibrate import calibrate, main
 from slimspec.head import DraftHead, HeadConfig, check_ratio, fit_activation_aware
@@ -35,6 +35,29 @@ def test_subset_logits_are_the_full_logits_of_ranked_tokens():
     cfg = HeadConfig(20, None)
     full = h @ w.T
     assert torch.allclose(head.logits(h, cfg), full[:, head.token_ids(cfg)], atol=1e-5)
+
+
+@pytest.mark.skipif(native_kernels.load() is None, reason="no native kernels on this CPU")
+def test_low_bit_subset_rows_track_the_bf16_head(monkeypatch):
+    """int8 ranked rows (use_low_bit): every subset size (not only multiples of the
+    4-row blocks) scores the same tokens, within int8 error of the bf16 head; low-rank
+    configurations are left as they were; no native kernels, no switch."""
+    g = torch.Generator().manual_seed(1)
+    w = (torch.randn(203, 128, generator=g) * 0.05).bfloat16()
+    ranking = torch.randperm(203, generator=g)
+    a, b = torch.randn(16, 128, generator=g), torch.randn(203, 16, generator=g)
+    head = DraftHead(w, ranking, a=a, b=b)
+    h = torch.randn(3, 128, generator=g).bfloat16()
+    want = {n: head.logits(h, HeadConfig(n, None)).float() for n in (1, 6, 100, 203)}
+    low_rank = head.logits(h, HeadConfig(100, 8))
+    assert head.use_low_bit(8)
+    for n, ref in want.items():
+        got = head.logits(h, HeadConfig(n, None)).float()
+        assert got.shape == (3, n)
+        assert (got - ref).norm() / ref.norm() < 0.03
+    assert torch.equal(head.logits(h, HeadConfig(100, 8)), low_rank)
+    monkeypatch.setattr(native_kernels, "load", lambda: None)
+    assert not DraftHead(w, ranking).use_low_bit(8)
 
 
 def _agreement(w, a, b, h):
