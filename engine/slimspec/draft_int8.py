@@ -24,6 +24,7 @@ output stays exact.
 
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 from typing import Any
 
@@ -322,7 +323,9 @@ class FusedInt8Base:
 
         Why: at one token per row the fused forward's ~35 small torch ops a layer (norms,
         RoPE, slicing, the attention's matmuls and softmax, SiLU, residual adds) cost
-        about as much as its matmuls; here a layer is 5 kernel calls plus the cache update.
+        about as much as its matmuls; here a layer is two kernel calls (q/k/v with its
+        norm and RoPE; attention, o, the MLP and both residual adds) around the torch
+        cache update. Prefill (more than SMALL_QUERY tokens) runs SDPA for attention.
         """
         lib = self._lib
         b, q, _ = h.shape
@@ -330,27 +333,41 @@ class FusedInt8Base:
         cos2 = cos.to(self.dtype).reshape(b * q, -1).contiguous()
         sin2 = sin.to(self.dtype).reshape(b * q, -1).contiguous()
         allowed = mask[:, 0].contiguous()  # (B, T, L)
+        bf16 = torch.bfloat16
         for i, lyr in enumerate(self.layers):
             nq, nkv, d = lyr.n_q, lyr.n_kv, lyr.head_dim
-            qkv = lyr.qkv.fused(rows, norm=lyr.in_norm, eps=lyr.eps)
-            native_kernels.rope_(lib, qkv, nq + nkv, d, cos2, sin2)
-            heads = qkv.view(b, q, nq + 2 * nkv, d)
-            ks = heads[:, :, nq : nq + nkv].transpose(1, 2).contiguous()
-            vs = heads[:, :, nq + nkv :].transpose(1, 2).contiguous()
-            ks, vs = cache.update(ks, vs, i)
+            q_rows = torch.empty(b * q, nq * d, dtype=bf16)
+            k_new = torch.empty(b, nkv, q, d, dtype=bf16)
+            v_new = torch.empty(b, nkv, q, d, dtype=bf16)
+            rc = lib.draft_layer_pre(
+                *(rows.data_ptr(), b, q, ctypes.byref(lyr.qkv.desc), lyr.in_norm.data_ptr()),
+                *(lyr.eps, cos2.data_ptr(), sin2.data_ptr(), nq, nkv, d),
+                *(q_rows.data_ptr(), k_new.data_ptr(), v_new.data_ptr()),
+            )
+            if rc != 0:
+                raise RuntimeError(f"native draft layer failed (code {rc})")
+            ks, vs = cache.update(k_new, v_new, i)
             if q <= SMALL_QUERY:
-                a = native_kernels.attention(lib, qkv, nq, ks, vs, allowed, lyr.scaling)
-            else:  # prefill: SDPA's blocked kernel wins on long queries
-                a = F.scaled_dot_product_attention(
-                    heads[:, :, :nq].transpose(1, 2),
-                    ks,
-                    vs,
-                    attn_mask=mask,
-                    scale=lyr.scaling,
-                    enable_gqa=nq != nkv,
+                ks, vs = ks.contiguous(), vs.contiguous()
+                rc = lib.draft_layer_post(
+                    *(rows.data_ptr(), b, q, q_rows.data_ptr(), nq, ks.data_ptr()),
+                    *(vs.data_ptr(), allowed.data_ptr(), nkv, ks.shape[2], d, lyr.scaling),
+                    *(ctypes.byref(lyr.o.desc), lyr.post_norm.data_ptr(), lyr.eps),
+                    *(ctypes.byref(lyr.gate_up.desc), ctypes.byref(lyr.down.desc)),
                 )
-                a = a.transpose(1, 2).reshape(b * q, -1)
-            lyr.o.fused(a, residual=rows)
+                if rc != 0:
+                    raise RuntimeError(f"native draft layer failed (code {rc})")
+                continue
+            # prefill: SDPA's blocked kernel wins on long queries
+            a = F.scaled_dot_product_attention(
+                q_rows.view(b, q, nq, d).transpose(1, 2),
+                ks,
+                vs,
+                attn_mask=mask,
+                scale=lyr.scaling,
+                enable_gqa=nq != nkv,
+            )
+            lyr.o.fused(a.transpose(1, 2).reshape(b * q, -1), residual=rows)
             gu = lyr.gate_up.fused(rows, norm=lyr.post_norm, eps=lyr.eps)
             lyr.down.fused(gu, silu_gate=True, residual=rows)
         return h

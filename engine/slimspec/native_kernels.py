@@ -120,7 +120,29 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rope_bf16.restype = None
     lib.attention_bf16.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, i64, i64, f32, p]
     lib.attention_bf16.restype = i32
+    desc = ctypes.POINTER(ProjDesc)
+    lib.draft_layer_pre.argtypes = [p, i64, i64, desc, p, f32, p, p, i64, i64, i64, p, p, p]
+    lib.draft_layer_pre.restype = i32
+    lib.draft_layer_post.argtypes = [
+        *(p, i64, i64, p, i64, p, p, p, i64, i64, i64, f32),
+        *(desc, p, f32, desc, desc),
+    ]
+    lib.draft_layer_post.restype = i32
     return lib
+
+
+class ProjDesc(ctypes.Structure):
+    """csrc/draft_kernels.c's proj_t: one projection's weights, for the layer calls."""
+
+    _fields_ = (
+        ("w", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("low", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("bits", ctypes.c_int64),
+    )
 
 
 def load() -> ctypes.CDLL | None:
@@ -248,6 +270,16 @@ class NativeLowBitLinear:
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
         self.out_features, self.in_features = weight.shape
         self._fn = lib.lowbit_gemm_bf16
+        # for the whole-layer calls; the tensors it points into live as long as self
+        self.desc = ProjDesc(
+            self.packed.data_ptr(),
+            None if self.scale is None else self.scale.data_ptr(),
+            None if self.low is None else self.low.data_ptr(),
+            None if self.bias is None else self.bias.data_ptr(),
+            self.out_features,
+            self.in_features,
+            bits,
+        )
 
     @staticmethod
     def fits(weight: torch.Tensor) -> bool:

@@ -490,3 +490,74 @@ int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const
     }
     return failed ? -1 : 0;
 }
+
+// ---- whole draft layers in two calls (draft_int8.FusedInt8Base._native_layers)
+//
+// Why: one call per projection, plus RoPE, attention and the torch ops that move q, k
+// and v between them, cost ~70 us a layer in call overhead at one token; the layer's
+// matmuls themselves take ~400 us. The KV-cache update stays in torch between the two
+// halves (the decoder's batched cache with holes, kv.py).
+
+// One projection's weights as native_kernels.NativeLowBitLinear holds them.
+typedef struct {
+    const uint8_t *w;
+    const uint16_t *scale, *low, *bias;
+    int64_t n, k, bits;
+} proj_t;
+
+static int proj_gemm(const proj_t *p, const uint16_t *x, int64_t m, int prologue,
+                     const uint16_t *norm_w, float eps, uint16_t *y, int accumulate) {
+    return lowbit_gemm_bf16(x, m, p->k, p->w, p->scale, p->low, p->n, p->bias, y, (int)p->bits,
+                            prologue, norm_w, eps, accumulate);
+}
+
+// First half, M = B*T rows of h (M, hidden): qkv = W_qkv @ rmsnorm(h), RoPE on the q and
+// k heads (cos, sin (M, d)); q_out (M, nq*d) as the attention reads it, k_out and v_out
+// (B, nkv, T, d) as the KV cache stores them. Returns 0, -1 out of memory, -2 bad shapes.
+int draft_layer_pre(const uint16_t *h, int64_t b, int64_t t, const proj_t *qkv,
+                    const uint16_t *norm_w, float eps, const uint16_t *cos, const uint16_t *sin,
+                    int64_t nq, int64_t nkv, int64_t d, uint16_t *q_out, uint16_t *k_out,
+                    uint16_t *v_out) {
+    int64_t m = b * t, width = (nq + 2 * nkv) * d;
+    if (qkv->n != width || b < 1 || t < 1) return -2;
+    uint16_t *buf = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * width));
+    if (!buf) return -1;
+    int rc = proj_gemm(qkv, h, m, PROLOGUE_RMSNORM, norm_w, eps, buf, 0);
+    if (rc == 0) {
+        rope_bf16(buf, m, width, nq + nkv, d, cos, sin);
+        for (int64_t row = 0; row < m; row++) {
+            int64_t bi = row / t, ti = row % t;
+            const uint16_t *src = buf + row * width;
+            memcpy(q_out + row * nq * d, src, sizeof(uint16_t) * (size_t)(nq * d));
+            for (int64_t hh = 0; hh < nkv; hh++) {
+                int64_t dst = ((bi * nkv + hh) * t + ti) * d;
+                memcpy(k_out + dst, src + (nq + hh) * d, sizeof(uint16_t) * (size_t)d);
+                memcpy(v_out + dst, src + (nq + nkv + hh) * d, sizeof(uint16_t) * (size_t)d);
+            }
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+// Second half, h (M, hidden) updated in place: attention of q (M, nq*d) over the cache
+// k, v (B, nkv, L, d) where allowed (B, T, L); h += W_o @ a; then the MLP,
+// h += W_down @ (silu(gate) * up) with gate|up = W_gate_up @ rmsnorm(h).
+int draft_layer_post(uint16_t *h, int64_t b, int64_t t, const uint16_t *q, int64_t nq,
+                     const uint16_t *k, const uint16_t *v, const uint8_t *allowed, int64_t nkv,
+                     int64_t l_len, int64_t d, float scale, const proj_t *o,
+                     const uint16_t *post_norm, float eps, const proj_t *gate_up,
+                     const proj_t *down) {
+    int64_t m = b * t;
+    if (o->k != nq * d || down->k * 2 != gate_up->n || o->n != down->n) return -2;
+    uint16_t *a = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * nq * d));
+    uint16_t *gu = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * gate_up->n));
+    int rc = (!a || !gu) ? -1 : 0;
+    if (rc == 0) rc = attention_bf16(q, nq * d, k, v, allowed, b, nq, nkv, t, l_len, d, scale, a);
+    if (rc == 0) rc = proj_gemm(o, a, m, PROLOGUE_NONE, NULL, 0.0f, h, 1);
+    if (rc == 0) rc = proj_gemm(gate_up, h, m, PROLOGUE_RMSNORM, post_norm, eps, gu, 0);
+    if (rc == 0) rc = proj_gemm(down, gu, m, PROLOGUE_SILU_GATE, NULL, 0.0f, h, 1);
+    free(a);
+    free(gu);
+    return rc;
+}
