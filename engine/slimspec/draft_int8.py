@@ -261,7 +261,7 @@ class FusedInt8Base:
         self.norm = base.norm.weight.detach().to(dtype)
         self.eps = float(base.norm.variance_epsilon)
         # Whole layers through the native kernels (norms, RoPE, attention, SiLU and the
-        # residual adds inside 5 kernel calls) when every projection is native.
+        # residual adds inside 2 kernel calls) when every projection is native.
         self._lib = native_kernels.load() if self._all_native() else None
 
     def _all_native(self) -> bool:

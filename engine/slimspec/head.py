@@ -12,7 +12,6 @@ low-rank r*(d + V'). compression_ratio = 1 - cost / (d*V).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -89,7 +88,8 @@ class DraftHead:
             b.to(device=weight.device, dtype=weight.dtype).contiguous() if b is not None else None
         )
 
-        self._low_bit: Any = None  # NativeLowBitLinear over the ranked rows, see use_low_bit
+        # the ranked rows in low bits, see use_low_bit
+        self._low_bit: native_kernels.NativeLowBitLinear | None = None
 
     def use_low_bit(self, bits: int = 8) -> bool:
         """Score full-rank subsets with `bits`-bit copies of the ranked rows through the
@@ -103,7 +103,11 @@ class DraftHead:
         are. The draft samples from what it scores, so the output stays exact.
         """
         lib = native_kernels.load()
-        if lib is None or self.ranked_weight.device.type != "cpu" or self.hidden % 64:
+        if (
+            lib is None
+            or self.ranked_weight.device.type != "cpu"
+            or self.hidden % native_kernels.GROUP
+        ):
             return False
         pad = -self.vocab % native_kernels.ROWS
         w = torch.nn.functional.pad(self.ranked_weight.float(), (0, 0, 0, pad))

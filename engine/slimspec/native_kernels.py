@@ -3,8 +3,10 @@
 - `NativeLowBitLinear`: int4/int8-weight matmuls (and bf16-weight ones where the CPU
   has AVX512-BF16), optionally with the RMSNorm or SiLU gate before them and the
   residual add after them in the same call;
-- `rope_` and `attention`: RoPE in place and small-query grouped attention, so a
-  draft layer is 5 kernel calls (draft_int8.FusedInt8Base._native_layers).
+- `rope_` and `attention`: RoPE in place and small-query grouped attention (also the
+  packed target's, target_attention.py);
+- `draft_layer_pre` / `draft_layer_post`: a whole draft layer in two calls around
+  the torch KV-cache update (draft_int8.FusedInt8Base._native_layers).
 
 Why: on a CPU without AMX, aten's `_weight_int4pack_mm_for_cpu` dequantises each
 weight to float before multiplying and runs compute-bound (~16 GB/s of int4 with 2
