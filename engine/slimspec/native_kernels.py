@@ -3,8 +3,8 @@
 - `NativeLowBitLinear`: int4/int8-weight matmuls (and bf16-weight ones where the CPU
   has AVX512-BF16), optionally with the RMSNorm or SiLU gate before them and the
   residual add after them in the same call;
-- `rope_` and `attention`: RoPE in place and small-query grouped attention (also the
-  packed target's, target_attention.py);
+- `attention`: small-query grouped attention (also the packed target's,
+  target_attention.py); `rope_` exposes the RoPE the layer calls use, for its test;
 - `draft_layer_pre` / `draft_layer_post`: a whole draft layer in two calls around
   the torch KV-cache update (draft_int8.FusedInt8Base._native_layers).
 
@@ -23,8 +23,10 @@ The C file is compiled once per source and compiler into $SLIMSPEC_CACHE/kernels
 the system C compiler (no torch headers: ~1 s) and loaded with ctypes. It links
 libgomp by soname, so it shares torch's OpenMP runtime and thread count. Where it
 cannot run (no AVX512-VNNI, no compiler, a failed self-check, or SLIMSPEC_NATIVE_KERNELS=0)
-`load()` returns None and the drafts use aten's kernels. Only drafts use it: the target
-is never touched, so the output stays exact.
+`load()` returns None and the drafts use aten's kernels (and the target SDPA). The
+drafts' numerics only move acceptance; the target uses only the attention kernel,
+whose bf16 rounding differs from SDPA's as multi-token verification's does (fp32
+targets keep SDPA), so the fp32 output stays exact.
 """
 
 from __future__ import annotations
@@ -325,15 +327,16 @@ class NativeLowBitLinear:
             if tuple(residual.shape) != (m, n_out):
                 raise ValueError(f"residual shape {tuple(residual.shape)} != {(m, n_out)}")
             y = residual
+        desc = self.desc
         rc = self._fn(
             x.data_ptr(),
             m,
             self.in_features,
-            self.packed.data_ptr(),
-            None if self.scale is None else self.scale.data_ptr(),
-            None if self.low is None else self.low.data_ptr(),
+            desc.w,
+            desc.scale,
+            desc.low,
             n_out,
-            None if self.bias is None else self.bias.data_ptr(),
+            desc.bias,
             y.data_ptr(),
             self.bits,
             prologue,
