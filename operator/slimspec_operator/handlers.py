@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -24,6 +24,7 @@ from .reconcile import reconcile
 from .spec import GROUP, KIND, PLURAL, VERSION, SlimSpecService, ratio_in_force
 
 RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
+CONFLICT_RETRIES = 3  # immediate re-reads when a status write loses a race
 
 _kube: Kube | None = None
 _written_ratio: dict[str, float] = {}  # uid -> ratio last written to the ConfigMap
@@ -51,24 +52,38 @@ def _ns_name(body: Mapping[str, Any]) -> tuple[str, str]:
     return body["metadata"]["namespace"], body["metadata"]["name"]
 
 
+def _event_sink(
+    fresh: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter
+) -> Callable[[str, str, str], None]:
+    def emit(type_: str, reason: str, message: str) -> None:
+        logger.info(f"{reason}: {message}")
+        raw = cast(kopf.RawBody, fresh)
+        kopf.event(kopf.Body(raw), type=type_, reason=reason, message=message)
+
+    return emit
+
+
 def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter) -> None:
     """Reconcile one resource; one at a time per resource (timers and watches overlap)."""
     uid = body["metadata"].get("uid", "")
     with _lock(uid):
         t0 = time.monotonic()
         try:
-            # Re-read: the body a handler got may be older than the last status write.
-            fresh = kube().get(KIND, *_ns_name(body))
-            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-                _written_ratio.pop(uid, None)
-                return
-
-            def emit(type_: str, reason: str, message: str) -> None:
-                logger.info(f"{reason}: {message}")
-                raw = cast(kopf.RawBody, fresh)
-                kopf.event(kopf.Body(raw), type=type_, reason=reason, message=message)
-
-            reconcile(kube(), fresh, now(), emit)
+            for attempt in range(CONFLICT_RETRIES + 1):
+                # Re-read: the body a handler got may be older than the last status write.
+                fresh = kube().get(KIND, *_ns_name(body))
+                if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                    _written_ratio.pop(uid, None)
+                    return
+                try:
+                    reconcile(kube(), fresh, now(), _event_sink(fresh, logger))
+                    break
+                except ApiError as e:
+                    # Someone wrote the object between our read and our status write
+                    # (the tuner, a user): plan again from what is there now.
+                    if e.status != 409 or attempt == CONFLICT_RETRIES:
+                        raise
+                    RECONCILE_TOTAL.labels("conflict").inc()
             _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
             RECONCILE_TOTAL.labels("ok").inc()
         except ApiError as e:

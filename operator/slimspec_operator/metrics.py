@@ -7,7 +7,7 @@ from prometheus_client import Counter, Gauge, Histogram
 RECONCILE_TOTAL = Counter(
     "slimspec_operator_reconcile_total",
     "Reconciliations of SlimSpecService resources",
-    ["result"],  # ok | error
+    ["result"],  # ok | error | conflict (a status write lost a race; planned again)
 )
 RECONCILE_SECONDS = Histogram(
     "slimspec_operator_reconcile_duration_seconds",

@@ -67,14 +67,21 @@ def desired_of(svc: SlimSpecService) -> Desired:
     )
 
 
-def _write_status(kube: Kube, svc: SlimSpecService, status: Mapping[str, Any]) -> None:
-    body = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": svc.name, "namespace": svc.namespace},
-        "status": dict(status),
-    }
-    kube.apply(body, subresource="status")
+def _write_status(
+    kube: Kube, svc: SlimSpecService, status: Mapping[str, Any], resource_version: str | None
+) -> str | None:
+    """Apply the reconciler's status; returns the new resourceVersion.
+
+    The resourceVersion makes the write conditional (409 on a mismatch): status
+    was computed from what we read, and a blind apply would put back a field
+    someone removed meanwhile (`kubectl patch --subresource=status` dropping
+    failedTemplateHash to retry a rollout).
+    """
+    meta: dict[str, Any] = {"name": svc.name, "namespace": svc.namespace}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "status": dict(status)}
+    return kube.apply(body, subresource="status").get("metadata", {}).get("resourceVersion")
 
 
 def _execute(kube: Kube, svc: SlimSpecService, plan: Plan, observed: Observed) -> None:
@@ -99,11 +106,19 @@ def _execute(kube: Kube, svc: SlimSpecService, plan: Plan, observed: Observed) -
 def reconcile(
     kube: Kube, body: Mapping[str, Any], now: datetime, emit: EventSink | None = None
 ) -> Plan:
+    """Bring the cluster in line with `body`; raises ApiError 409 when the object
+    changed since `body` was read (the caller re-reads and runs again)."""
     svc = SlimSpecService.from_body(body)
+    rv: str | None = body.get("metadata", {}).get("resourceVersion")
     _apply_support_objects(kube, svc)
     seed = compression_patch(svc, ratio_in_force(svc), format_time(now))
     if seed is not None:
-        kube.merge_patch(KIND, svc.namespace, svc.name, {"status": {"compression": seed}}, "status")
+        patch: dict[str, Any] = {"status": {"compression": seed}}
+        if rv:
+            patch["metadata"] = {"resourceVersion": rv}
+        rv = kube.merge_patch(KIND, svc.namespace, svc.name, patch, "status")["metadata"].get(
+            "resourceVersion"
+        )
 
     observed = observe(kube, svc, now)
     plan = plan_rollout(desired_of(svc), observed)
@@ -111,14 +126,16 @@ def reconcile(
     if plan.failed_hash and plan.failed_hash != observed.failed_hash:
         # Record the failure before deleting the Deployment, so a crash in
         # between cannot make the next round start the same rollout again.
-        _write_status(kube, svc, status)
+        rv = _write_status(kube, svc, status, rv)
     _execute(kube, svc, plan, observed)
-    _write_status(kube, svc, status)
-
-    ROLLOUT_IN_PROGRESS.labels(svc.namespace, svc.name).set(1 if plan.rollout_version else 0)
+    # The events report the actions just taken: tell them even if the status
+    # write below loses a race (the re-plan will not take those actions again).
     for ev in plan.events:
         if ev.reason in _EVENT_METRIC:
             ROLLOUTS_TOTAL.labels(_EVENT_METRIC[ev.reason]).inc()
         if emit is not None:
             emit(ev.type, ev.reason, ev.message)
+    _write_status(kube, svc, status, rv)
+
+    ROLLOUT_IN_PROGRESS.labels(svc.namespace, svc.name).set(1 if plan.rollout_version else 0)
     return plan
