@@ -167,6 +167,15 @@ class DraftHead:
         hidden = hidden.to(self.full_weight.dtype)
         return torch.nn.functional.linear(hidden, self.full_weight, self.full_bias)
 
+    def full_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., d) -> (...) token ids the ratio-0 head of this draft picks: the shadow
+        check's reference. With low-bit rows (use_low_bit) that is their full set, which
+        is what ratio 0 scores, and reads a quarter of the original bf16 head."""
+        if self._low_bit is not None:
+            full = self.logits(hidden, HeadConfig(self.vocab, None))
+            return self.ranking[full.argmax(dim=-1)]
+        return self.full_logits(hidden).argmax(dim=-1)
+
 
 def fit_activation_aware(
     weight: torch.Tensor,

@@ -60,6 +60,21 @@ def test_low_bit_subset_rows_track_the_bf16_head(monkeypatch):
     assert not DraftHead(w, ranking).use_low_bit(8)
 
 
+def test_full_argmax_is_the_ratio_0_head_of_the_draft():
+    """The shadow check's reference: the original head's pick, or with low-bit rows the
+    pick of all of them (what ratio 0 scores), in token ids, for (B, k, d) states."""
+    g = torch.Generator().manual_seed(2)
+    w = (torch.randn(203, 128, generator=g) * 0.05).bfloat16()
+    ranking = torch.randperm(203, generator=g)
+    head = DraftHead(w, ranking)
+    h = torch.randn(2, 3, 128, generator=g).bfloat16()
+    assert torch.equal(head.full_argmax(h), head.full_logits(h).argmax(-1))
+    if head.use_low_bit(8):
+        full = head.logits(h, HeadConfig(203, None))
+        assert full.shape == (2, 3, 203)
+        assert torch.equal(head.full_argmax(h), ranking[full.argmax(-1)])
+
+
 def _agreement(w, a, b, h):
     return ((h @ w.T).argmax(1) == ((h @ a.T) @ b.T).argmax(1)).float().mean().item()
 
