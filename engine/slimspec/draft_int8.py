@@ -344,8 +344,7 @@ class FusedInt8Base:
                 *(lyr.eps, cos2.data_ptr(), sin2.data_ptr(), nq, nkv, d),
                 *(q_rows.data_ptr(), k_new.data_ptr(), v_new.data_ptr()),
             )
-            if rc != 0:
-                raise RuntimeError(f"native draft layer failed (code {rc})")
+            native_kernels.check_rc(rc, "draft layer")
             ks, vs = cache.update(k_new, v_new, i)
             if q <= SMALL_QUERY:
                 ks, vs = ks.contiguous(), vs.contiguous()
@@ -355,8 +354,7 @@ class FusedInt8Base:
                     *(ctypes.byref(lyr.o.desc), lyr.post_norm.data_ptr(), lyr.eps),
                     *(ctypes.byref(lyr.gate_up.desc), ctypes.byref(lyr.down.desc)),
                 )
-                if rc != 0:
-                    raise RuntimeError(f"native draft layer failed (code {rc})")
+                native_kernels.check_rc(rc, "draft layer")
                 continue
             # prefill: SDPA's blocked kernel wins on long queries
             a = F.scaled_dot_product_attention(

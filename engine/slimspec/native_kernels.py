@@ -135,6 +135,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def check_rc(rc: int, what: str) -> None:
+    """Raise for a kernel call's nonzero return (-1: scratch allocation, -2: arguments)."""
+    if rc != 0:
+        raise RuntimeError(f"native {what} failed (code {rc})")
+
+
 class ProjDesc(ctypes.Structure):
     """csrc/draft_kernels.c's proj_t: one projection's weights, for the layer calls."""
 
@@ -344,8 +350,7 @@ class NativeLowBitLinear:
             eps,
             int(residual is not None),
         )
-        if rc != 0:
-            raise RuntimeError(f"native low-bit kernel failed (code {rc})")
+        check_rc(rc, "low-bit kernel")
         return y
 
 
@@ -399,8 +404,7 @@ def attention(
         scale,
         out.data_ptr(),
     )
-    if rc != 0:
-        raise RuntimeError(f"native attention kernel failed (code {rc})")
+    check_rc(rc, "attention kernel")
     return out
 
 
