@@ -46,11 +46,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "engine"))
 
-from slimspec.artifact import find_artifact, stdlib_py_files  # noqa: E402
+from slimspec import SpeculativeDecoder  # noqa: E402
 from slimspec.calibrate import main as calibrate_main  # noqa: E402
-from slimspec.cpu_pack import pack_target  # noqa: E402
-from slimspec.decoder import SpeculativeDecoder  # noqa: E402
-from slimspec.models import load_causal_lm, resolve_model_path  # noqa: E402
+from slimspec.cpu.target_packing import pack_target  # noqa: E402
+from slimspec.draft_head.artifact import find_artifact, stdlib_py_files  # noqa: E402
+from slimspec.weights.loading import load_causal_lm, resolve_model_path  # noqa: E402
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"

@@ -81,8 +81,8 @@ def log(msg: str, t0: float) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     scale = 0.5 if args.quick else 1.0
     t_start = time.monotonic()
-    from slimspec.fetch import fetch_model
-    from slimspec.model_registry import SMOLLM2_135M
+    from slimspec.weights.fetch import fetch_model
+    from slimspec.weights.registry import SMOLLM2_135M
 
     model = str(fetch_model(SMOLLM2_135M.name))
     work = Path(tempfile.mkdtemp(prefix="bench-tuning-"))

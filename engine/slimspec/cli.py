@@ -33,7 +33,7 @@ def env_setting(env: Mapping[str, str], var: str, key: str, default: Any) -> Any
     These variables come from the runtime ConfigMap in Kubernetes, where a bad value
     must not crash-loop the pod (the watcher ignores bad values the same way).
     """
-    from slimspec.runtime_config import validate_setting
+    from slimspec.server.runtime_config import validate_setting
 
     raw = env.get(var)
     if raw is None or not raw.strip():
@@ -130,8 +130,8 @@ def _in_cluster_namespace() -> str | None:
 
 
 def draft_quantization(value: str) -> str | None:
-    """'none' (or empty) -> None; 'auto' or one of slimspec.draft_fast.QUANTIZATIONS."""
-    from slimspec.draft_fast import AUTO, QUANTIZATIONS
+    """'none' (or empty) -> None; 'auto' or one of slimspec.cpu.draft_quantization.QUANTIZATIONS."""
+    from slimspec.cpu.draft_quantization import AUTO, QUANTIZATIONS
 
     mode = value.strip().lower()
     if mode in ("", "none"):
@@ -154,10 +154,10 @@ def num_draft_tokens(value: int) -> int | None:
 
 
 def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> ServerConfig
-    from slimspec.batching import SchedulerConfig
-    from slimspec.postprocess import FilterRules, parse_blocked_words
-    from slimspec.runtime_config import RuntimeSettings, validate_setting
     from slimspec.server.app import ServerConfig
+    from slimspec.server.postprocess import FilterRules, parse_blocked_words
+    from slimspec.server.runtime_config import RuntimeSettings, validate_setting
+    from slimspec.server.scheduler import SchedulerConfig
     from slimspec.server.service import Limits, ModelRef
 
     settings = RuntimeSettings(
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return int(fetch.main(rest) or 0)
     if cmd == "calibrate":
-        from slimspec import calibrate  # type: ignore[attr-defined]
+        from slimspec import calibrate
 
         return int(calibrate.main(rest) or 0)
     print(f"unknown command {cmd!r}\n{usage}", file=sys.stderr)

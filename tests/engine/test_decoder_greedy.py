@@ -6,7 +6,7 @@ import threading
 
 import pytest
 from slimspec import SpeculativeDecoder
-from slimspec.types import GenerationRequest, SamplingParams
+from slimspec.decoding.types import GenerationRequest, SamplingParams
 
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB, tiny_pair
@@ -159,7 +159,7 @@ def test_compaction_keeps_outputs(tiny_weak_pair):
 
 
 def test_choose_k_pure():
-    from slimspec.adaptive import choose_k, expected_tokens
+    from slimspec.decoding.adaptive import choose_k, expected_tokens
 
     assert expected_tokens(0.5, 1) == 1.5
     assert choose_k(0.95, 0.1, 1, 8) >= 5  # cheap draft, high acceptance: draft far
@@ -169,7 +169,7 @@ def test_choose_k_pure():
 
 
 def test_draft_cost_sample_leaves_out_the_catch_up_forward():
-    from slimspec.adaptive import draft_forward_seconds
+    from slimspec.decoding.adaptive import draft_forward_seconds
 
     assert draft_forward_seconds(0.3, 3, None) == pytest.approx(0.1)
     # 3 forwards in 0.5 s, the first fed a backlog and took 0.3 s: one more token = 0.1 s

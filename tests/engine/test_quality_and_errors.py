@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.artifact import CalibrationArtifact
-from slimspec.decoder import check_tokenizers, check_vocab_size
-from slimspec.quality import REASON_QUALITY, fallback_decision, kept_share, next_lower_ratio
-from slimspec.types import GenerationRequest
+from slimspec.decoding.decoder import check_tokenizers, check_vocab_size
+from slimspec.decoding.quality import (
+    REASON_QUALITY,
+    fallback_decision,
+    kept_share,
+    next_lower_ratio,
+)
+from slimspec.decoding.types import GenerationRequest
+from slimspec.draft_head.artifact import CalibrationArtifact
 
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB, tiny_model

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from google.protobuf.message import DecodeError
 from pydantic import ValidationError
 
-from slimspec.postprocess import OutputFormatError, format_output
+from slimspec.decoding.types import SamplingParams
 from slimspec.server import slimspec_pb2
 from slimspec.server.errors import PROTOBUF, ApiError, validation_message, wants_protobuf
 from slimspec.server.generation import (
@@ -26,8 +26,8 @@ from slimspec.server.generation import (
     generate_text,
     tokenize,
 )
+from slimspec.server.postprocess import OutputFormatError, format_output
 from slimspec.server.schemas import InferRequest, InferResponse
-from slimspec.types import SamplingParams
 
 router = APIRouter()
 

@@ -18,12 +18,12 @@ def has_draft(ref: ModelRef) -> bool:
 
 
 def default_loader(ref: ModelRef) -> Any:
-    from slimspec.models import load_causal_lm, resolve_device
+    from slimspec.weights.loading import load_causal_lm, resolve_device
 
     device = str(resolve_device(ref.device))
     if has_draft(ref):
         try:
-            from slimspec.decoder import SpeculativeDecoder
+            from slimspec.decoding.decoder import SpeculativeDecoder
         except ImportError as exc:
             log.warning("speculative decoder unavailable (%s); serving target-only", exc)
         else:

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimspec.batching import NotAccepting, RequestHandle, Scheduler, SchedulerConfig
-from slimspec.metrics import Metrics
-from slimspec.postprocess import FilterRules
-from slimspec.runtime_config import RuntimeSettings
-from slimspec.types import GenerationRequest, SamplingParams
+from slimspec.decoding.types import GenerationRequest, SamplingParams
+from slimspec.server.metrics import Metrics
+from slimspec.server.postprocess import FilterRules
+from slimspec.server.runtime_config import RuntimeSettings
+from slimspec.server.scheduler import NotAccepting, RequestHandle, Scheduler, SchedulerConfig
 
 log = logging.getLogger(__name__)
 

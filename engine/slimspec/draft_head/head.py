@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slimspec import native_kernels
+from slimspec.cpu import native_kernels
 
 MAX_COMPRESSION_RATIO = 0.95
 

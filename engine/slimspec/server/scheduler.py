@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from slimspec.types import GenerationRequest, StepOutput
+from slimspec.decoding.types import GenerationRequest, StepOutput
 
 log = logging.getLogger(__name__)
 

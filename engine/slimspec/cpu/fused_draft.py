@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from slimspec import native_kernels
-from slimspec.native_kernels import NativeLowBitLinear
+from slimspec.cpu import native_kernels
+from slimspec.cpu.native_kernels import NativeLowBitLinear
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 FUSED_BITS = {"int8-fused": 8, "int4-fused": 4, "bf16-fused": 16}  # mode -> MLP weight bits
@@ -248,7 +248,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class FusedInt8Base:
+class FusedDraftBase:
     """The draft's base model as int8 fused projections (callable like the HF base model)."""
 
     def __init__(self, base: Any, dtype: torch.dtype, mlp_bits: int = 8) -> None:
@@ -371,7 +371,7 @@ class FusedInt8Base:
         return h
 
 
-class FusedInt8Draft:
+class FusedDraft:
     """What the decoder keeps as `self.draft`: the fused base plus the original LM head.
 
     Holding no reference to the original layers lets their bf16/fp32 weights be freed.
@@ -379,9 +379,7 @@ class FusedInt8Draft:
 
     def __init__(self, model: Any, mode: str = "int8-fused") -> None:
         if mode not in FUSED_BITS:
-            raise ValueError(
-                f"FusedInt8Draft mode must be one of {sorted(FUSED_BITS)}, got {mode!r}"
-            )
+            raise ValueError(f"FusedDraft mode must be one of {sorted(FUSED_BITS)}, got {mode!r}")
         check_supported(model, mode)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         # bf16 activations even for an fp32 draft: the int8 kernel is ~7x slower with fp32
@@ -389,14 +387,14 @@ class FusedInt8Draft:
         dtype = torch.bfloat16
         self.config = model.config
         self.mode = mode
-        self._base = FusedInt8Base(base, dtype, mlp_bits=FUSED_BITS[mode])
+        self._base = FusedDraftBase(base, dtype, mlp_bits=FUSED_BITS[mode])
         self._head = model.get_output_embeddings()
 
-    def get_decoder(self) -> FusedInt8Base:
+    def get_decoder(self) -> FusedDraftBase:
         return self._base
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self._head
 
-    def eval(self) -> FusedInt8Draft:
+    def eval(self) -> FusedDraft:
         return self

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from slimspec.sampling import verify_greedy
+from slimspec.decoding.sampling import verify_greedy
 
 
 def tree_attention(k: int, m: int, device: torch.device | str = "cpu") -> torch.Tensor:

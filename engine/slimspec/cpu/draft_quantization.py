@@ -26,7 +26,7 @@ def resolve_auto(model: Any, device: torch.device) -> str | None:
     """What draft_quantization="auto" means for this draft on this device."""
     if device.type != "cpu":
         return None  # the fused kernels used here are the CPU ones
-    from slimspec.draft_int8 import check_supported
+    from slimspec.cpu.fused_draft import check_supported
 
     try:
         check_supported(model, "int4-fused")
@@ -45,9 +45,9 @@ def quantize_draft(model: Any, mode: str) -> Any:
             f"draft_quantization must be one of {QUANTIZATIONS}, {AUTO!r} or None, got {mode!r}"
         )
     if mode in ("int8-fused", "int4-fused", "bf16-fused"):
-        from slimspec.draft_int8 import FusedInt8Draft
+        from slimspec.cpu.fused_draft import FusedDraft
 
-        return FusedInt8Draft(model, mode)
+        return FusedDraft(model, mode)
     from torch.ao.quantization import quantize_dynamic
 
     # Dynamic int8 kernels run in float32, so the draft is converted to float32 first.

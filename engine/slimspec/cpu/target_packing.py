@@ -103,7 +103,7 @@ def pack_target(model: Any) -> int:
 
     The LM head keeps its weight when tied to the input embeddings (one copy is shared).
     """
-    from slimspec import target_attention
+    from slimspec.cpu import target_attention
 
     keep: set[int] = set()
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from slimspec import sampling as S
-from slimspec.adaptive import (
+from slimspec.decoding import sampling as S
+from slimspec.decoding.adaptive import (
     AcceptanceEstimate,
     RelativeCosts,
     VerifyCost,
@@ -35,25 +35,30 @@ from slimspec.adaptive import (
     one_token_seconds,
     relative_costs,
 )
-from slimspec.artifact import CalibrationArtifact, find_artifact, load_artifact, quick_ranking
-from slimspec.head import DraftHead, HeadConfig, check_ratio, subset_size_for_ratio
-from slimspec.kv import BatchKV
-from slimspec.quality import (
+from slimspec.decoding.kv import BatchKV
+from slimspec.decoding.quality import (
     REASON_QUALITY,
     QualityMonitor,
     check_strategy,
     check_threshold,
     fallback_decision,
 )
-from slimspec.siblings import tree_attention, tree_positions, verify_greedy_siblings
-from slimspec.stats import DecoderStats, record_request_verification
-from slimspec.types import (
+from slimspec.decoding.siblings import tree_attention, tree_positions, verify_greedy_siblings
+from slimspec.decoding.stats import DecoderStats, record_request_verification
+from slimspec.decoding.types import (
     GenerationRequest,
     GenerationResult,
     RequestStats,
     SamplingParams,
     StepOutput,
 )
+from slimspec.draft_head.artifact import (
+    CalibrationArtifact,
+    find_artifact,
+    load_artifact,
+    quick_ranking,
+)
+from slimspec.draft_head.head import DraftHead, HeadConfig, check_ratio, subset_size_for_ratio
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -94,12 +99,12 @@ def check_vocab_size(vocab_size: int | None) -> int | None:
 
 
 def resolve_path(name_or_path: str) -> str:
-    """A local directory as is; a registry name through slimspec.models (if available)."""
+    """A local directory as is; a registry name through slimspec.weights.loading (if available)."""
     p = Path(name_or_path).expanduser()
     if p.is_dir():
         return str(p)
     try:
-        from slimspec.models import resolve_model_path  # owned by the models engineer
+        from slimspec.weights.loading import resolve_model_path  # owned by the models engineer
 
         return str(resolve_model_path(name_or_path))
     except ImportError:
@@ -113,7 +118,7 @@ def resolve_path(name_or_path: str) -> str:
 def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
     """(model, tokenizer) from a local directory or a registry name."""
     try:
-        from slimspec.models import load_causal_lm
+        from slimspec.weights.loading import load_causal_lm
 
         return load_causal_lm(name_or_path, dtype=dtype, device=device)
     except ImportError:
@@ -312,14 +317,14 @@ class SpeculativeDecoder:
             bias=bias.detach() if bias is not None else None,
         )
         if draft_quantization == "auto":
-            from slimspec.draft_fast import resolve_auto
+            from slimspec.cpu.draft_quantization import resolve_auto
 
             draft_quantization = resolve_auto(self.draft, self.device)
         self.draft_quantization = draft_quantization
         # Multi-token verification at one-token cost on CPU (cpu_pack.py); None = auto.
         self.target_packed = self._maybe_pack_target(pack_target)
         if draft_quantization is not None:
-            from slimspec.draft_fast import quantize_draft
+            from slimspec.cpu.draft_quantization import quantize_draft
 
             self.draft = quantize_draft(self.draft, draft_quantization)
             if draft_quantization in ("int8-fused", "int4-fused"):
@@ -373,10 +378,10 @@ class SpeculativeDecoder:
         return sibling_drafts
 
     def _maybe_pack_target(self, pack: bool | None) -> bool:
-        from slimspec import cpu_pack
+        from slimspec.cpu import target_packing
 
         dtype = self._target_head.weight.dtype
-        usable = self.device.type == "cpu" and cpu_pack.packing_available(dtype)
+        usable = self.device.type == "cpu" and target_packing.packing_available(dtype)
         if pack is None:
             pack = usable and os.environ.get("SLIMSPEC_PACK_TARGET", "1") != "0"
         elif pack and not usable:
@@ -385,7 +390,7 @@ class SpeculativeDecoder:
                 f"{dtype} on {self.device}"
             )
         if pack:
-            cpu_pack.pack_target(self.target)
+            target_packing.pack_target(self.target)
             self._target_head = self.target.get_output_embeddings()
         return bool(pack)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from slimspec.head import HeadConfig, check_ratio, subset_size_for_ratio
+from slimspec.draft_head.head import HeadConfig, check_ratio, subset_size_for_ratio
 
 ARTIFACT_DIRNAME = "slimspec-calibration"
 FORMAT_VERSION = 1

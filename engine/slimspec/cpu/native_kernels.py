@@ -6,7 +6,7 @@
 - `attention`: small-query grouped attention (also the packed target's,
   target_attention.py); `rope_` exposes the RoPE the layer calls use, for its test;
 - `draft_layer_pre` / `draft_layer_post`: a whole draft layer in two calls around
-  the torch KV-cache update (draft_int8.FusedInt8Base._native_layers).
+  the torch KV-cache update (draft_int8.FusedDraftBase._native_layers).
 
 Why: on a CPU without AMX, aten's `_weight_int4pack_mm_for_cpu` dequantises each
 weight to float before multiplying and runs compute-bound (~16 GB/s of int4 with 2
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from slimspec.fetch import cache_root
+from slimspec.paths import cache_root
 
 log = logging.getLogger(__name__)
 

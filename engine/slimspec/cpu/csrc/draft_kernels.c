@@ -491,7 +491,7 @@ int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const
     return failed ? -1 : 0;
 }
 
-// ---- whole draft layers in two calls (draft_int8.FusedInt8Base._native_layers)
+// ---- whole draft layers in two calls (draft_int8.FusedDraftBase._native_layers)
 //
 // Why: one call per projection, plus RoPE, attention and the torch ops that move q, k
 // and v between them, cost ~70 us a layer in call overhead at one token; the layer's

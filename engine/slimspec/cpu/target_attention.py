@@ -25,7 +25,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from slimspec import native_kernels
+from slimspec.cpu import native_kernels
 
 NAME = "slimspec_small_query"
 SMALL_QUERY = 16  # at most this many new tokens: the native kernel
