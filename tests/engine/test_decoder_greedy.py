@@ -116,15 +116,16 @@ def test_kv_rollback_keeps_exactly_the_sequence(tiny_weak_pair):
     rejected_any = False
     while dec.has_work():
         dec.step()
-        if dec._rows:
-            valid_t = dec._kv_t.valid.sum(dim=1).tolist()
-            valid_d = dec._kv_d.valid.sum(dim=1).tolist()
-            for row, vt, vd in zip(dec._rows, valid_t, valid_d, strict=True):
+        batch = dec._batch
+        if batch.rows:
+            valid_t = batch.target_kv.valid.sum(dim=1).tolist()
+            valid_d = batch.draft_kv.valid.sum(dim=1).tolist()
+            for row, vt, vd in zip(batch.rows, valid_t, valid_d, strict=True):
                 assert vt == len(row.seq) - 1
                 assert vd == row.draft_seen
-            rejected_any |= bool((~dec._kv_t.valid).any())
+            rejected_any |= bool((~batch.target_kv.valid).any())
     assert rejected_any
-    assert dec._kv_t.batch_size == 0
+    assert dec._batch.target_kv.batch_size == 0
 
 
 def test_ratio_switch_mid_generation_and_from_another_thread(tiny_llama_pair):
@@ -181,7 +182,7 @@ def test_draft_cost_sample_leaves_out_the_catch_up_forward():
 def test_adaptive_skip_greedy_is_exact_and_sampling_always_drafts(tiny_weak_pair):
     target, draft = tiny_weak_pair
     dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.0)
-    dec._cost_ratio = 0.9  # a draft nearly as slow as the target: skipping should win
+    dec._cost.draft_ratio = 0.9  # a draft nearly as slow as the target: skipping should win
     ps = prompts(2, TINY_VOCAB, seed=21)
     results = dec.generate_batch([_req(i, p, 40) for i, p in enumerate(ps)])
     for p, res in zip(ps, results, strict=True):

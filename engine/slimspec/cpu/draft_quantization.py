@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 QUANTIZATIONS = ("int8", "int8-fused", "int4-fused", "bf16-fused")
+FUSED_LOW_BIT = ("int8-fused", "int4-fused")  # their subset head is scored in int8 too
 AUTO = "auto"  # int4-fused where it runs (CPU, Llama/Qwen2 draft, kernels present), else none
 
 

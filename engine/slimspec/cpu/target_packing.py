@@ -17,6 +17,7 @@ logits the (packed) target computes.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -113,3 +114,21 @@ def pack_target(model: Any) -> int:
     if count:
         target_attention.use_for(model)
     return count
+
+
+def maybe_pack_target(model: Any, pack: bool | None) -> bool:
+    """Pack the target (pack_target) where asked, or by default (None) where it runs: a
+    bf16/fp16 target on CPU with oneDNN, unless SLIMSPEC_PACK_TARGET=0. Returns whether it
+    did; pack=True where it cannot run is a ValueError."""
+    weight = model.get_output_embeddings().weight
+    usable = weight.device.type == "cpu" and packing_available(weight.dtype)
+    if pack is None:
+        pack = usable and os.environ.get("SLIMSPEC_PACK_TARGET", "1") != "0"
+    elif pack and not usable:
+        raise ValueError(
+            f"pack_target=True needs a bf16/fp16 target on CPU with oneDNN, got "
+            f"{weight.dtype} on {weight.device}"
+        )
+    if pack:
+        pack_target(model)
+    return bool(pack)

@@ -10,6 +10,8 @@ each row's valid slots to the right and drops the empty columns.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -195,3 +197,26 @@ class BatchKV:
             layer.values = torch.cat(
                 [v.new_zeros(v.shape[0], v.shape[1], pad, v.shape[3]), v], dim=2
             )
+
+
+def forward(
+    base: Any,
+    kv: BatchKV,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    real: torch.Tensor,
+    new_allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run a model's decoder stack over q new slots of every row against `kv`, which is
+    updated in place; returns the last hidden states (B, q, d).
+
+    ids, pos, real: (B, q) token ids, position ids, and which slots are real tokens (the
+    rest become holes); new_allowed: (q, q) which new slots may see each other (causal
+    by default).
+    """
+    dtype = base.get_input_embeddings().weight.dtype
+    mask = kv.mask_for(real, dtype, new_allowed)
+    cache = kv.cache if kv.cache is not None else DynamicCache(config=base.config)
+    out = base(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    kv.after_forward(cache, real)
+    return out.last_hidden_state

@@ -17,6 +17,8 @@ verify the plain chain. Pure decisions here; the decoder does the forwards.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from slimspec.decoding.sampling import verify_greedy
@@ -62,3 +64,17 @@ def verify_greedy_siblings(
     after_sibling = target_argmax[:, k + 1 :].gather(1, at).squeeze(1)
     hit = (num_acc < m) & (sibling == next_tok)
     return num_acc, hit, torch.where(hit, after_sibling, next_tok)
+
+
+def resolve_sibling_drafts(sibling_drafts: int | None) -> int:
+    """How many depths also verify the draft's runner-up; None reads
+    SLIMSPEC_SIBLING_DRAFTS, default 0 (it pays only where verifying a few more tokens is
+    nearly free, as on a GPU)."""
+    if sibling_drafts is None:
+        sibling_drafts = int(os.environ.get("SLIMSPEC_SIBLING_DRAFTS", "0"))
+    if not isinstance(sibling_drafts, int) or sibling_drafts < 0:
+        raise ValueError(
+            "sibling_drafts must be an int >= 0 or None (SLIMSPEC_SIBLING_DRAFTS, default 0), "
+            f"got {sibling_drafts!r}"
+        )
+    return sibling_drafts

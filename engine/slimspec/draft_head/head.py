@@ -32,6 +32,18 @@ def check_ratio(ratio: float) -> float:
     return r
 
 
+def check_vocab_size(vocab_size: int | None) -> int | None:
+    """vocab_size = upper bound on how many tokens the draft head scores (None = no bound)."""
+    if vocab_size is None:
+        return None
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(
+            "vocab_size is an upper bound on the draft's scored vocabulary and must be "
+            f"a positive int, got {vocab_size!r}"
+        )
+    return vocab_size
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     """One concrete compressed head."""
