@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+from slimspec.weights.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "main", "serve"]
 
 
 def read_admin_token(env: Mapping[str, str]) -> str | None:
@@ -75,10 +76,11 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--draft-quantization",
-        default=e("SLIMSPEC_DRAFT_QUANTIZATION", "none"),
-        help="draft weights: none | auto | int8 | int8-fused | int4-fused | bf16-fused (a "
-        "speed option, separate from compression_ratio; output stays exact; auto = "
-        "int4-fused on CPU for Llama/Qwen2 drafts, else none) (env SLIMSPEC_DRAFT_QUANTIZATION)",
+        default=e("SLIMSPEC_DRAFT_QUANTIZATION", "auto"),
+        help="draft weights: auto | none | int8 | int8-fused | int4-fused | bf16-fused (a "
+        "speed option, separate from compression_ratio; output stays exact; auto, the "
+        "default = int4-fused on CPU for bf16/fp16 Llama/Qwen2 drafts, else none) "
+        "(env SLIMSPEC_DRAFT_QUANTIZATION)",
     )
     p.add_argument("--host", default=e("HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(e("PORT", "8080")))

@@ -20,13 +20,21 @@ import torch
 
 QUANTIZATIONS = ("int8", "int8-fused", "int4-fused", "bf16-fused")
 FUSED_LOW_BIT = ("int8-fused", "int4-fused")  # their subset head is scored in int8 too
-AUTO = "auto"  # int4-fused where it runs (CPU, Llama/Qwen2 draft, kernels present), else none
+AUTO = "auto"  # the default: see resolve_auto
 
 
 def resolve_auto(model: Any, device: torch.device) -> str | None:
-    """What draft_quantization="auto" means for this draft on this device."""
+    """What draft_quantization="auto" means for this draft on this device: "int4-fused"
+    for a bf16/fp16 Llama/Qwen2 draft on CPU where its kernels run, else None (the draft
+    as loaded).
+
+    An fp32 draft stays as loaded: fp32 is the reference configuration (exactness is
+    checked in it), so auto leaves its numerics alone; the fused drafts compute in bf16.
+    """
     if device.type != "cpu":
         return None  # the fused kernels used here are the CPU ones
+    if model.get_output_embeddings().weight.dtype == torch.float32:
+        return None
     from slimspec.cpu.fused_draft import check_supported
 
     try:

@@ -149,7 +149,7 @@ class SpeculativeDecoder:
         quality_threshold: float = 0.95,
         fallback_strategy: str = "auto",
         calibration: str | Path | CalibrationArtifact | None = None,
-        draft_quantization: str | None = None,
+        draft_quantization: str | None = AUTO,
         pack_target: bool | None = None,
         sibling_drafts: int | None = None,
         shadow_every: int = 8,

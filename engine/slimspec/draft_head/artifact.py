@@ -191,7 +191,7 @@ def resolve_artifact(
 
 
 def draft_head_for(
-    lm_head: torch.nn.Module, art: CalibrationArtifact | None, tokenizer: Any = None
+    lm_head: Any, art: CalibrationArtifact | None, tokenizer: Any = None
 ) -> DraftHead:
     """The compressed head of a draft's LM head: ranked and factored by the artifact, or
     by quick_ranking (subsets only) without one."""
