@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=0,
         help="refine the low-rank factors by N Adam steps of distillation from the full head "
-        "(kept only if held-out agreement rises; ~1 s a step for the 0.5B draft on 2 cores)",
+        "(kept only if held-out agreement rises)",
     )
     args = ap.parse_args(argv)
 

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.cpu import fused_draft, native_kernels
+from slimspec.cpu import fused_draft, native_kernels, projections
 from slimspec.cpu.fused_draft import FusedDraft
 from slimspec.decoding.types import GenerationRequest, SamplingParams
 
@@ -90,7 +90,7 @@ def test_fused_draft_tracks_the_original(tiny_qwen2_pair, mode, kernels):
     fused = FusedDraft(draft, mode).get_decoder()
     layer = fused.layers[0]
     if mode == "int4-fused":  # the tiny MLP shapes do take the int4 path
-        want = {"aten": fused_draft.Int4Linear, "native": native_kernels.NativeLowBitLinear}
+        want = {"aten": projections.Int4Linear, "native": native_kernels.NativeLowBitLinear}
         assert isinstance(layer.gate_up, want[kernels])
     if kernels == "native" and mode != "bf16-fused":
         assert (layer.gate_up.bits, layer.qkv.bits) == (4 if mode == "int4-fused" else 8, 8)
@@ -223,6 +223,6 @@ def test_native_layers_only_with_native_projections(tiny_qwen2_pair, monkeypatch
     assert (bf16._lib is not None) == native_kernels.bf16_available()
     monkeypatch.setattr(native_kernels, "bf16_available", lambda: False)
     bf16 = FusedDraft(draft, "bf16-fused").get_decoder()
-    assert bf16._lib is None and isinstance(bf16.layers[0].qkv, fused_draft.DenseLinear)
+    assert bf16._lib is None and isinstance(bf16.layers[0].qkv, projections.DenseLinear)
     monkeypatch.setattr(native_kernels, "load", lambda: None)
     assert FusedDraft(draft, "int4-fused").get_decoder()._lib is None

@@ -91,11 +91,11 @@ class VerifyCost:
     """Seconds of a target forward against the number of tokens it verifies (rows x
     tokens each): an EMA per observed count and a robust line through them (`line`).
 
-    Why: on CPU, verifying more tokens is not free (here a packed 1.5B target took
-    110 ms for 5 tokens and 142 ms for 9), so the k that maximises tokens per second
-    depends on the slope. One-token target steps (k = 0) are kept apart in `single_s`:
-    they may take another kernel path (a packed oneDNN linear at one row was measured
-    slower than at five), so they do not bend the line.
+    Why: on CPU, verifying more tokens is not free, so the k that maximises tokens per
+    second depends on the slope. One-token target steps (k = 0) are kept apart in
+    `single_s`: they may take another kernel path (a packed oneDNN linear can be slower
+    at one row than at five), so they do not bend the line. Figures: docs/engine.md,
+    benchmark section.
     """
 
     decay: float = 0.8
@@ -114,8 +114,8 @@ class VerifyCost:
     def line(self) -> tuple[float, float] | None:
         """(intercept >= 0, slope >= 0) in seconds and seconds per token; None before any
         timing. Flat through the mean until MIN_COUNTS token counts were seen, then
-        Theil-Sen (median of pairwise slopes): one slow outlier step (seen here: 302 ms
-        among 150-180 ms) must not tilt the line and pin k at 1."""
+        Theil-Sen (median of pairwise slopes): one slow outlier step must not tilt the
+        line and pin k at 1."""
         if not self.by_tokens:
             return None
         pts = sorted(self.by_tokens.items())

@@ -41,6 +41,7 @@ from slimspec.draft_head.artifact import (
 )
 from slimspec.draft_head.head import HeadConfig, check_ratio, check_vocab_size
 from slimspec.weights.loading import (
+    check_draft_vocabulary,
     check_same_vocabulary,
     load_causal_lm,
     resolve_device,
@@ -53,9 +54,10 @@ from slimspec.weights.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 class SpeculativeDecoder:
     """Exact speculative decoding with a compressed draft head.
 
-    Seed form: SpeculativeDecoder(small_model_path=..., compression_ratio=0.3, vocab_size=100000)
+    SpeculativeDecoder(small_model_path=..., compression_ratio=0.3, vocab_size=100000)
     loads the draft from small_model_path and the target from MODEL_PATH (or the
-    registry default). vocab_size caps how many tokens the draft head scores.
+    registry default); from_pretrained and from_models name both. vocab_size caps how
+    many tokens the draft head scores.
     """
 
     def __init__(
@@ -171,17 +173,7 @@ class SpeculativeDecoder:
         self.target, self.draft = target.eval(), draft.eval()
         self.tokenizer, self.names = tokenizer, names
         self.device = self.target.get_output_embeddings().weight.device
-        target_vocab = self.target.get_output_embeddings().weight.shape[0]
-        draft_vocab = self.draft.get_output_embeddings().weight.shape[0]
-        if draft_vocab > target_vocab:
-            raise ValueError(
-                f"draft head scores {draft_vocab} tokens but the target only has "
-                f"{target_vocab}: vocabularies differ"
-            )
-        if tokenizer is not None and len(tokenizer) > target_vocab:
-            raise ValueError(
-                f"tokenizer has {len(tokenizer)} tokens, more than the target's {target_vocab}"
-            )
+        draft_vocab = check_draft_vocabulary(self.target, self.draft, tokenizer)
         self.calibration = resolve_artifact(calibration, draft_vocab)
         self.head = draft_head_for(self.draft.get_output_embeddings(), self.calibration, tokenizer)
         if draft_quantization == AUTO:

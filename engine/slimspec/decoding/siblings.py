@@ -1,9 +1,9 @@
 """Sibling drafts: one verification also checks the draft's runner-up at each depth.
 
 Why: where the draft's top token is wrong, its second choice is often the target's
-token. Where a verification costs about the same for a few more tokens (a GPU; on the
-2-core CPU measured here it does not: 110 ms for 5 tokens, 142 ms for 9, so the
-decoder leaves this off by default), the runner-up at each of the first m depths
+token. Where a verification costs about the same for a few more tokens (a GPU; not
+the 2-core CPUs this was measured on, so the decoder leaves it off by default:
+docs/engine.md, benchmark section), the runner-up at each of the first m depths
 rides along as an extra leaf of a small tree: the chain x, c_1..c_k plus siblings
 s_1..s_m, where s_j sits at the position of c_j and sees x, c_1..c_{j-1} and
 itself, never c_j. When the chain breaks at depth j and s_j is the target's token

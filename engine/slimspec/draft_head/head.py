@@ -108,9 +108,9 @@ class DraftHead:
         native kernels (native_kernels.py) where they run; returns whether it does.
 
         Why: for a quantised draft the subset head is the second-largest read of a draft
-        step (at ratio 0.9, 15k bf16 rows: 27 MB, ~1.7 ms a token against ~12 for the
-        int4 body); int8 rows halve it. The rows are blocked by 4, so every subset is a
-        prefix of the blocks and switching the ratio still refits nothing. Low-rank
+        step, and int8 rows halve it (figures: docs/engine.md, benchmark section). The
+        rows are blocked by 4, so every subset is a prefix of the blocks and switching
+        the ratio still refits nothing. Low-rank
         configurations and `full_logits` (the shadow check's reference) stay as they
         are. The draft samples from what it scores, so the output stays exact.
         """

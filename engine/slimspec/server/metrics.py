@@ -26,7 +26,7 @@ from slimspec.server.scheduler import Engine
 
 log = logging.getLogger(__name__)
 
-# 25 ms .. 10 s; dense between 50 ms and 5 s where the seed's alerts live.
+# 25 ms .. 10 s; dense between 50 ms and 5 s, where the chart's latency alerts are set.
 LATENCY_BUCKETS = (
     0.025,
     0.05,

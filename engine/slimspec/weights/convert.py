@@ -48,7 +48,8 @@ def convert_gguf_to_hf(
         # transformers may keep GGUF blocks packed; we want plain dense weights
         kwargs: dict[str, Any] = {"quantization_config": GgufConfig(dequantize=True)}
         with torch.no_grad():
-            model = AutoModelForCausalLM.from_pretrained(
+            # Any: the GGUF-loaded model's quantizer attributes are not in its static type
+            model: Any = AutoModelForCausalLM.from_pretrained(
                 gguf_path.parent, gguf_file=gguf_path.name, dtype=torch_dtype, **kwargs
             )
         bar.update()

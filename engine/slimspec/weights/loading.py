@@ -144,7 +144,8 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, **from_pretrained_kwargs)
+    # Any: transformers' decorated PreTrainedModel.to does not type-check as a method
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, **from_pretrained_kwargs)
     model.to(tdevice)
     model.eval()
     model.requires_grad_(False)
@@ -205,3 +206,21 @@ def check_same_vocabulary(target_tok: Any, draft_tok: Any) -> Mapping[str, int]:
             f"tokens (target has {len(t_vocab)} tokens, draft {len(d_vocab)}), e.g. {examples}"
         )
     return t_vocab
+
+
+def check_draft_vocabulary(target: Any, draft: Any, tokenizer: Any = None) -> int:
+    """Raise ValueError unless the draft's LM head scores no more ids than the target's
+    (a smaller draft head is fine: its q is zero beyond), and the tokenizer has no ids
+    beyond the target's head; return the draft head's rows."""
+    target_vocab = model_vocab_size(target)
+    draft_vocab = model_vocab_size(draft)
+    if draft_vocab > target_vocab:
+        raise ValueError(
+            f"draft head scores {draft_vocab} tokens but the target only has "
+            f"{target_vocab}: vocabularies differ"
+        )
+    if tokenizer is not None and len(tokenizer) > target_vocab:
+        raise ValueError(
+            f"tokenizer has {len(tokenizer)} tokens, more than the target's {target_vocab}"
+        )
+    return draft_vocab
