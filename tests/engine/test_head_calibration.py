@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.calibrate import calibrate, main
+from slimspec.calibrate import main
 from slimspec.cpu import native_kernels
 from slimspec.draft_head.artifact import (
     find_artifact,
@@ -13,6 +13,7 @@ from slimspec.draft_head.artifact import (
     ranking_from_counts,
     save_artifact,
 )
+from slimspec.draft_head.calibrate import calibrate
 from slimspec.draft_head.head import DraftHead, HeadConfig, check_ratio, fit_activation_aware
 
 from tests.engine.helpers import prompts, target_greedy
