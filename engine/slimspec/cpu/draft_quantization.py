@@ -1,11 +1,12 @@
-"""Faster draft forwards: weight-only int8 quantisation of the draft (an engine option,
-separate from compression_ratio; the target is never touched, so output stays exact).
+"""The `draft_quantization` option: faster draft forwards (separate from
+compression_ratio; the target is never touched, so output stays exact).
 
+- "auto", the default: "int4-fused" where it runs and pays (see resolve_auto), else none.
 - "int8": torch dynamic quantisation of the draft's nn.Linear layers (runs in float32;
   any architecture).
 - "int8-fused": a hand-written Llama/Qwen2 draft forward with per-channel int8
   weights, fused q/k/v and gate/up projections and `aten._weight_int8pack_mm`
-  (draft_int8.py); bfloat16 activations.
+  (fused_draft.py); bfloat16 activations.
 - "int4-fused": the same forward with the MLP weights in int4 groups of 64 (attention
   stays int8): the fastest draft step on CPU, at slightly lower acceptance.
 - "bf16-fused": the same forward with every weight in bfloat16 (no quantisation, so
@@ -47,7 +48,7 @@ def resolve_auto(model: Any, device: torch.device) -> str | None:
 def quantize_draft(model: Any, mode: str) -> Any:
     """Return the draft to use for `mode` (may be a new object; the LM head is kept as is).
 
-    The LM head is left alone: the compressed head (head.py) reads its weight.
+    The LM head is left alone: the compressed head (draft_head/head.py) reads its weight.
     """
     if mode not in QUANTIZATIONS:
         raise ValueError(

@@ -6,7 +6,7 @@
 //
 // Weights: asymmetric groups of 64 inputs, w = u * scale + low with u in 0..15 (bits
 // = 4) or 0..255 (bits = 8); bits = 16: the bf16 weights themselves. Layout (built by
-// native_kernels.py), N a multiple of ROWS = 4: rows come in blocks of 4 stored group
+// native_format.py), N a multiple of ROWS = 4: rows come in blocks of 4 stored group
 // by group, so a block is one contiguous stream: wq[n / 4][g][n % 4] holds the group's
 // bytes (bits = 8: u[j]; bits = 4: 32 bytes, byte j = u[j] | u[j + 32] << 4; bits =
 // 16: 64 bf16); scale and low are [n / 4][g][n % 4] fp16 (half the bytes of float:
@@ -112,7 +112,7 @@ static void input_row(const uint16_t *x, int64_t m, int64_t k, int prologue,
 // Per row m and group g: xq (int8), xs = max|v| / 127 and xsum = xs * sum of xq (the
 // sum of the quantised activations, not of v: with asymmetric weights the low term
 // would otherwise add the activations' rounding error times the group's offset).
-// Rounding is to nearest even (the default MXCSR mode), as native_kernels.reference.
+// Rounding is to nearest even (the default MXCSR mode), as native_format.reference.
 static void quantize_rows(const uint16_t *x, int64_t m_rows, int64_t k, int prologue,
                           const uint16_t *norm_w, float eps, float *v, int8_t *xq, float *xs,
                           float *xsum) {
