@@ -8,9 +8,9 @@ step "test bed binaries (kube-apiserver, controller-manager, etcd, helm, prometh
   bash "$REPO_ROOT/scripts/testbed/install.sh"
 step "linters (checkov, own pinned venv)" bash "$REPO_ROOT/scripts/install-linters.sh"
 step "real model pair (fetch, verify, convert)" \
-  "$VENV/bin/python" -m slimspec.fetch --pair default
+  "$VENV/bin/slimspec" fetch --pair default
 step "small real model (SmolLM2-135M, for server and tuning tests)" \
-  "$VENV/bin/python" -m slimspec.fetch --model smollm2-135m-instruct
+  "$VENV/bin/slimspec" fetch --model smollm2-135m-instruct
 cd "$REPO_ROOT"
 rc=0
 step "pytest" "$VENV/bin/python" -m pytest "$@" || rc=$?
