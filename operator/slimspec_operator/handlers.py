@@ -17,11 +17,11 @@ from typing import Any, cast
 
 import kopf
 
+from .contract import FINALIZER, GROUP, KIND, MANAGED_BY_LABEL, MANAGER, PLURAL, VERSION
 from .kube import ApiError, Kube
-from .manifests import MANAGED_BY_LABEL, MANAGER
 from .metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
 from .reconcile import reconcile
-from .spec import GROUP, KIND, PLURAL, VERSION, SlimSpecService, ratio_in_force
+from .spec import SlimSpecService, ratio_in_force
 
 RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
 CONFLICT_RETRIES = 3  # immediate re-reads when a status write loses a race
@@ -77,15 +77,16 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
                     return
                 try:
                     reconcile(kube(), fresh, now(), _event_sink(fresh, logger))
-                    break
                 except ApiError as e:
                     # Someone wrote the object between our read and our status write
                     # (the tuner, a user): plan again from what is there now.
                     if e.status != 409 or attempt == CONFLICT_RETRIES:
                         raise
                     RECONCILE_TOTAL.labels("conflict").inc()
-            _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
-            RECONCILE_TOTAL.labels("ok").inc()
+                    continue
+                _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
+                RECONCILE_TOTAL.labels("ok").inc()
+                break
         except ApiError as e:
             if e.status == 404 and kube().get(KIND, *_ns_name(body)) is None:
                 return  # deleted while we worked on it; the GC removes the rest
@@ -107,7 +108,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     # Kopf timers (ours and the tuner's) need a finalizer so they stop before the
     # object goes; name it after us. Deleting while no operator runs waits for it.
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING  # only our own events at INFO
     settings.execution.max_workers = int(os.environ.get("SLIMSPEC_MAX_WORKERS", "8"))
     settings.watching.server_timeout = 300

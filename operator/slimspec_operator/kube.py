@@ -15,11 +15,20 @@ from typing import Any
 from kubernetes import client, config
 
 from .conditions import parse_time
-from .manifests import HASH_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, VERSION_LABEL
+from .contract import (
+    API_VERSION,
+    HASH_LABEL,
+    INSTANCE_LABEL,
+    KIND,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    OPERATOR_FIELD_MANAGER,
+    PLURAL,
+    VERSION_LABEL,
+)
 from .rollout import ObservedDeployment
-from .spec import GROUP, PLURAL, VERSION
 
-FIELD_MANAGER = "slimspec-operator"
+FIELD_MANAGER = OPERATOR_FIELD_MANAGER
 
 # kind -> (API prefix, plural); everything the operator writes is namespaced.
 _PATHS: dict[str, tuple[str, str]] = {
@@ -30,7 +39,7 @@ _PATHS: dict[str, tuple[str, str]] = {
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
-    "SlimSpecService": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+    KIND: (f"/apis/{API_VERSION}", PLURAL),
 }
 
 

@@ -41,64 +41,38 @@ from pydantic import ValidationError
 
 from . import autoscaler, tuner
 from .conditions import format_time, get_condition, parse_time, set_condition
-from .prom import PromClient, PromError
+from .contract import (
+    API_VERSION,
+    GROUP,
+    KEDA_API_VERSION,
+    KEDA_GROUP,
+    KEDA_KIND,
+    KEDA_PLURAL,
+    KEDA_VERSION,
+    KIND,
+    PLURAL,
+    RATIO_KEY,
+    TUNER_FIELD_MANAGER,
+    VERSION,
+    configmap_name,
+    format_ratio,
+)
+from .prom import PromClient
+from .queries import queries_for, rate_window, render_query, sample_from
+from .spec import TuningView
 from .tuner import Change, Sample
-from .tuning_spec import DEFAULT_QUERIES, TuningView, rate_window, render_query
 
-GROUP, VERSION, PLURAL, KIND = "slimspec.io", "v1alpha1", "slimspecservices", "SlimSpecService"
-KEDA_GROUP, KEDA_VERSION, KEDA_PLURAL = "keda.sh", "v1alpha1", "scaledobjects"
-FIELD_MANAGER = "slimspec-tuner"
+FIELD_MANAGER = TUNER_FIELD_MANAGER
 CONDITION = "MetricsAvailable"
 HISTORY_LIMIT = 20
 SAMPLES_KEPT = 10
 TICK_SECONDS = float(os.environ.get("SLIMSPEC_TUNING_TICK_SECONDS", "5"))
 DRY_RUN = os.environ.get("SLIMSPEC_TUNING_DRY_RUN", "") in ("1", "true", "yes")
 
-# Query name -> Sample field.
-FIELDS = {
-    "p99Latency": "p99_latency",
-    "requestRate": "request_rate",
-    "keptAcceptance": "kept_acceptance",
-    "meanAcceptedLength": "mean_accepted_length",
-    "fallbackRate": "fallback_rate",
-    "queueDepth": "queue_depth",
-}
-
 log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------ pure helpers
-
-
-def sample_from(now: datetime, results: Mapping[str, float | PromError]) -> Sample:
-    """A tuner Sample from query results; any transport error spoils the sample."""
-    values: dict[str, float | None] = {}
-    missing: dict[str, str] = {}
-    error: tuple[str, str] | None = None
-    for name, res in results.items():
-        if isinstance(res, PromError):
-            if res.transport and error is None:
-                error = (res.reason, res.message)
-            missing[name] = res.reason
-            values[FIELDS[name]] = None
-        else:
-            values[FIELDS[name]] = res
-    return Sample(time=now, error=error, missing=missing, **values)  # type: ignore[arg-type]
-
-
-def queries_for(view: TuningView, namespace: str, name: str, scaling: bool) -> dict[str, str]:
-    q = view.tuning.queries
-    templates = {
-        "p99Latency": q.p99_latency,
-        "requestRate": q.request_rate,
-        "keptAcceptance": q.kept_acceptance,
-        "meanAcceptedLength": q.mean_accepted_length,
-        "fallbackRate": q.fallback_rate,
-    }
-    if scaling and view.autoscaling.target_queue_depth is not None:
-        templates["queueDepth"] = q.queue_depth or DEFAULT_QUERIES["queueDepth"]
-    window = rate_window(view.tuning.interval_seconds)
-    return {k: render_query(v, namespace, name, window) for k, v in templates.items()}
 
 
 def tuner_settings(view: TuningView) -> tuner.TunerSettings:
@@ -239,7 +213,7 @@ class KubeIO:
         self._keda: bool | None = None
 
     async def apply_status(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        body: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND}
+        body: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
         body |= {"metadata": {"name": name, "namespace": ns}, "status": status}
         await asyncio.to_thread(
             self.custom.patch_namespaced_custom_object_status,
@@ -256,10 +230,10 @@ class KubeIO:
 
     async def set_configmap_ratio(self, ns: str, name: str, text: str) -> bool:
         """Patch `<name>-runtime`'s compression_ratio; False when it does not exist yet."""
-        body = {"data": {"compression_ratio": text}}
+        body = {"data": {RATIO_KEY: text}}
         try:
             await asyncio.to_thread(
-                self.core.patch_namespaced_config_map, f"{name}-runtime", ns, body
+                self.core.patch_namespaced_config_map, configmap_name(name), ns, body
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -331,7 +305,7 @@ class KubeIO:
                 name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]
             ),
             involved_object=client.V1ObjectReference(
-                api_version=f"{GROUP}/{VERSION}",
+                api_version=API_VERSION,
                 kind=KIND,
                 name=meta["name"],
                 namespace=meta["namespace"],
@@ -501,9 +475,7 @@ async def _announce_ratio(
         await kube.event(body, "DryRunCompression", msg)
         return
     # Effective within seconds; the reconciler writes the same text on its next pass.
-    found = await kube.set_configmap_ratio(
-        meta["namespace"], meta["name"], tuner.format_ratio(d.ratio)
-    )
+    found = await kube.set_configmap_ratio(meta["namespace"], meta["name"], format_ratio(d.ratio))
     if not found:
         msg += " (runtime ConfigMap not there yet; the reconciler will write it)"
     await kube.event(body, "CompressionChanged", msg)
@@ -525,7 +497,7 @@ async def _reconcile_keda(
             await kube.event(
                 body,
                 "KedaNotInstalled",
-                "autoscaling.mode=keda but the keda.sh/v1alpha1 ScaledObject API is not served",
+                f"autoscaling.mode=keda but the {KEDA_API_VERSION} {KEDA_KIND} API is not served",
                 "Warning",
             )
             mem.keda_applied = True  # remembered as "reported"; nothing to delete

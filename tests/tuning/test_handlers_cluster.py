@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from slimspec_operator import autoscaler, prom, tuner
+from slimspec_operator.queries import DEFAULT_QUERIES, rate_window, render_query
 from slimspec_operator.tuning_handlers import (
     GROUP,
     KEDA_GROUP,
@@ -25,7 +26,6 @@ from slimspec_operator.tuning_handlers import (
     Memory,
     tick,
 )
-from slimspec_operator.tuning_spec import DEFAULT_QUERIES, rate_window, render_query
 
 from .conftest import KEDA_CRD_FILE, LoadExporter, service_manifest, start_prometheus
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from slimspec_operator import prom
 from slimspec_operator.prom import PromClient, PromError
-from slimspec_operator.tuning_spec import DEFAULT_QUERIES, render_query
+from slimspec_operator.queries import DEFAULT_QUERIES, render_query
 
 from tests.support.tools import PrometheusFactory, PrometheusServer, free_port
 
