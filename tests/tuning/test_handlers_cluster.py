@@ -1,4 +1,4 @@
-"""tuning_handlers.tick against the real API server and a real Prometheus.
+"""tuning_tick.tick against the real API server and a real Prometheus.
 
 The clock is injected (cooldowns are minutes long in production); everything
 else is real: the CRD's schema and status subresource, server-side apply,
@@ -14,18 +14,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 from slimspec_operator import autoscaler, prom, tuner
+from slimspec_operator.contract import GROUP, KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, PLURAL, VERSION
+from slimspec_operator.kube import Kube
 from slimspec_operator.queries import DEFAULT_QUERIES, rate_window, render_query
-from slimspec_operator.tuning_handlers import (
-    GROUP,
-    KEDA_GROUP,
-    KEDA_PLURAL,
-    KEDA_VERSION,
-    PLURAL,
-    VERSION,
-    KubeIO,
-    Memory,
-    tick,
-)
+from slimspec_operator.tuning_tick import Memory, tick
 
 from .conftest import KEDA_CRD_FILE, LoadExporter, service_manifest, start_prometheus
 
@@ -122,7 +114,7 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     svc.create(**tuning(server.url))
     wait_for_load(server, namespace, 5, p99=0.5)
 
-    kube, mem = KubeIO(api), Memory(started=T0)
+    kube, mem = Kube(api), Memory(started=T0)
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st is not None
     assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_CONFIRMING
@@ -183,7 +175,7 @@ async def test_quality_guard_and_no_data(
     svc = Svc(api, namespace)
     svc.create(**tuning(server.url))
     wait_for_load(server, namespace, 5)
-    kube, mem = KubeIO(api), Memory(started=T0)
+    kube, mem = Kube(api), Memory(started=T0)
     # Dry run: the decision is reported, nothing changes.
     st = await tick(svc.get(), Memory(started=T0), kube, at(0), force=True, dry_run=True)
     assert st["compression"]["lastDecision"]["proposedRatio"] == pytest.approx(0.2)
@@ -221,7 +213,7 @@ async def test_operator_autoscaling_scales_through_the_scale_subresource(
     # 3 replicas for anything in (4, 6] req/s at 2 req/s per replica.
     server.wait_for_query(rate_q, lambda r: bool(r) and 4.3 < float(r[0]["value"][1]) < 5.7)
 
-    kube, mem = KubeIO(api), Memory(started=T0)
+    kube, mem = Kube(api), Memory(started=T0)
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st["autoscaling"]["reason"] == autoscaler.SCALED_UP
     scale = client.CustomObjectsApi(api).get_namespaced_custom_object_scale(
@@ -255,7 +247,7 @@ async def test_keda_scaled_object_is_accepted_by_the_api_server(
     custom = client.CustomObjectsApi(api)
 
     kube_cluster.kubectl("delete", "--ignore-not-found", "-f", str(KEDA_CRD_FILE))
-    await tick(svc.get(), Memory(started=T0), KubeIO(api), at(0), force=True)
+    await tick(svc.get(), Memory(started=T0), Kube(api), at(0), force=True)
     assert "KedaNotInstalled" in svc.events()
 
     kube_cluster.kubectl("apply", "-f", str(KEDA_CRD_FILE))
@@ -264,7 +256,7 @@ async def test_keda_scaled_object_is_accepted_by_the_api_server(
             "wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=30s"
         )
         mem = Memory(started=T0)
-        await tick(svc.get(), mem, KubeIO(api), at(0), force=True)
+        await tick(svc.get(), mem, Kube(api), at(0), force=True)
         so = custom.get_namespaced_custom_object(
             KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL, SVC
         )
@@ -297,7 +289,7 @@ async def test_keda_scaled_object_is_accepted_by_the_api_server(
 
         # Switching to operator mode removes the ScaledObject.
         body["spec"]["autoscaling"]["mode"] = "operator"
-        await tick(body, mem, KubeIO(api), at(10), force=True)
+        await tick(body, mem, Kube(api), at(10), force=True)
         left = custom.list_namespaced_custom_object(
             KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL
         )
@@ -353,7 +345,7 @@ async def test_tuner_works_with_exactly_the_charts_rbac(
         svc.create(replicas=1, autoscaling=auto, **tuning(server.url))
         wait_for_load(server, namespace, 5)
 
-        kube, mem = KubeIO(sa_api), Memory(started=T0)
+        kube, mem = Kube(sa_api), Memory(started=T0)
         # Quality guard (ConfigMap patch, Event, status apply) and a scale-up
         # (scale subresource) in one tick, all as the chart's ServiceAccount.
         st = await tick(svc.get(), mem, kube, at(0), force=True)
