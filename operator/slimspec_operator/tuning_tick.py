@@ -3,12 +3,16 @@
 The I/O half of tuning, as reconcile.py is for rollouts. Writes, all idempotent,
 with the tuner's own field manager, in this order:
 
-1. the runtime ConfigMap's `compression_ratio`, at once, so engines pick the
+1. the tuner's status (status.compression, status.autoscaling and the
+   MetricsAvailable condition) by server-side apply, conditional on the
+   resourceVersion the plan was made from: a write that landed since (a user's
+   status edit, the reconciler) is never overwritten from a stale read. On a
+   conflict the tick reads the resource again and plans again, before it has
+   changed anything else;
+2. the runtime ConfigMap's `compression_ratio`, at once, so engines pick the
    change up within seconds (the reconciler writes the same text later);
-2. spec.replicas through the scale subresource (autoscaling.mode=operator);
-3. the plan's Events;
-4. the tuner's status (status.compression, status.autoscaling and the
-   MetricsAvailable condition) by server-side apply.
+3. spec.replicas through the scale subresource (autoscaling.mode=operator);
+4. the plan's Events.
 
 Before them, a KEDA ScaledObject is applied or deleted (autoscaling.mode=keda,
 when KEDA's API is served).
@@ -57,6 +61,7 @@ from .tuning_plan import (
 )
 
 DRY_RUN = os.environ.get("SLIMSPEC_TUNING_DRY_RUN", "") in ("1", "true", "yes")
+CONFLICT_RETRIES = 3  # immediate re-reads when the status write loses a race
 NO_CONFIGMAP = " (runtime ConfigMap not there yet; the reconciler will write it)"
 
 log = logging.getLogger(__name__)
@@ -93,14 +98,28 @@ async def tick(
     mem.last_tick = now
     await asyncio.to_thread(reconcile_keda, kube, body, view, mem)
 
-    sample = await read_sample(view, ns, name, now) if controlling(view) else None
-    status = body.get("status") or {}
-    plan = plan_tick(
-        TickInput(view, status, meta.get("generation"), sample, mem.state, now, dry_run)
-    )
+    for attempt in range(CONFLICT_RETRIES + 1):
+        sample = await read_sample(view, ns, name, now) if controlling(view) else None
+        status = body.get("status") or {}
+        inp = TickInput(view, status, meta.get("generation"), sample, mem.state, now, dry_run)
+        plan = plan_tick(inp)
+        try:
+            await asyncio.to_thread(write_status, kube, body, plan.status)
+            break
+        except ApiError as exc:
+            if exc.status != 409 or attempt == CONFLICT_RETRIES:
+                raise
+        # The resource changed since `body` was read: plan again from what is there now.
+        log.debug("%s/%s: changed since read; planning the tick again", ns, name)
+        fresh = await asyncio.to_thread(kube.get, KIND, ns, name)
+        if fresh is None:
+            return None
+        body, meta = fresh, fresh["metadata"]
+        view = _view(body)
+        if view is None:
+            return None
     mem.state = plan.memory
     await asyncio.to_thread(carry_out, kube, body, plan)
-    await asyncio.to_thread(write_status, kube, body, plan.status)
     return plan.status if plan.memory.active else None
 
 
@@ -120,16 +139,19 @@ async def read_sample(view: TuningView, namespace: str, name: str, now: datetime
 
 
 def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any] | None) -> None:
-    """Apply the tuner's status (an empty one gives back the fields it owned)."""
+    """Apply the tuner's status; 409 when the resource changed since `body` was read."""
     if status is None:
         return
-    meta = {"name": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]}
+    meta: dict[str, Any] = {"name": body["metadata"]["name"]}
+    meta["namespace"] = body["metadata"]["namespace"]
+    if body["metadata"].get("resourceVersion"):
+        meta["resourceVersion"] = body["metadata"]["resourceVersion"]
     manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "status": status}
     kube.apply(manifest, "status", manager=TUNER_FIELD_MANAGER)
 
 
 def carry_out(kube: Kube, body: Mapping[str, Any], plan: TickPlan) -> None:
-    """Everything but the status write: ConfigMap, scale, Events."""
+    """Everything after the status write: ConfigMap, scale, Events."""
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
     if plan.ratio is not None:
         event = plan.ratio.event

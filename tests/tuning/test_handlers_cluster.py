@@ -19,6 +19,8 @@ from slimspec_operator.kube import Kube
 from slimspec_operator.queries import DEFAULT_QUERIES, rate_window, render_query
 from slimspec_operator.tuning_tick import Memory, tick
 
+from tests.support.tools import free_port
+
 from .conftest import KEDA_CRD_FILE, LoadExporter, service_manifest, start_prometheus
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.asyncio]
@@ -372,3 +374,24 @@ async def test_tuner_works_with_exactly_the_charts_rbac(
     finally:
         kube_cluster.kubectl("delete", "--ignore-not-found", "-f", str(KEDA_CRD_FILE))
         rbac.delete_cluster_role(role_name)
+
+
+async def test_a_tick_planned_from_a_stale_read_does_not_undo_a_status_edit(
+    api: client.ApiClient, namespace: str, slimspec_crd: str
+) -> None:
+    """The status write carries the resourceVersion the tick read: a user's
+    `kubectl patch --subresource=status` (here: a ratio set by hand) made after that
+    read gets a 409 for the tick, which reads again and plans from the user's value."""
+    svc = Svc(api, namespace)
+    svc.create(**tuning(f"http://127.0.0.1:{free_port()}"))  # nothing listens: hold
+    stale = svc.get()
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, SVC, {"status": {"compression": {"ratio": 0.45}}}
+    )
+    st = await tick(stale, Memory(started=T0), Kube(api), at(0), force=True)
+    assert st is not None and st["compression"]["ratio"] == 0.45
+    status = svc.get()["status"]
+    assert status["compression"]["ratio"] == 0.45  # not put back to the stale 0.3
+    assert status["compression"]["lastDecision"]["reason"] == prom.UNREACHABLE
+    assert svc.condition()["reason"] == prom.UNREACHABLE
+    assert svc.configmap_ratio() == "0.3"  # held: nothing else was written
