@@ -142,10 +142,10 @@ def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any] | N
     """Apply the tuner's status; 409 when the resource changed since `body` was read."""
     if status is None:
         return
-    meta: dict[str, Any] = {"name": body["metadata"]["name"]}
-    meta["namespace"] = body["metadata"]["namespace"]
-    if body["metadata"].get("resourceVersion"):
-        meta["resourceVersion"] = body["metadata"]["resourceVersion"]
+    read = body["metadata"]
+    meta = {"name": read["name"], "namespace": read["namespace"]}
+    if read.get("resourceVersion"):
+        meta["resourceVersion"] = read["resourceVersion"]
     manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "status": status}
     kube.apply(manifest, "status", manager=TUNER_FIELD_MANAGER)
 
@@ -168,9 +168,8 @@ def carry_out(kube: Kube, body: Mapping[str, Any], plan: TickPlan) -> None:
 
 def write_ratio(kube: Kube, namespace: str, name: str, text: str) -> bool:
     """Patch the runtime ConfigMap's ratio; False when it does not exist yet."""
-    patch = {"data": {RATIO_KEY: text}}
+    cm, patch = configmap_name(name), {"data": {RATIO_KEY: text}}
     try:
-        cm = configmap_name(name)
         kube.merge_patch("ConfigMap", namespace, cm, patch, manager=TUNER_FIELD_MANAGER)
     except ApiError as exc:
         if exc.status == 404:
