@@ -13,6 +13,8 @@ step "small real model (SmolLM2-135M, for server and tuning tests)" \
   "$VENV/bin/slimspec" fetch --model smollm2-135m-instruct
 cd "$REPO_ROOT"
 rc=0
+# Lint failures fail the run, but pytest still runs so one CI log shows both.
+step "static checks (ruff, ruff format, mypy)" bash "$REPO_ROOT/scripts/lint.sh" || rc=$?
 step "pytest" "$VENV/bin/python" -m pytest "$@" || rc=$?
 echo "total test command time: $((SECONDS - t_all))s"
 exit $rc
