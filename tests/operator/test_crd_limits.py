@@ -131,3 +131,16 @@ def test_maximal_spec_fits_kopfs_and_kubectls_annotations(crd_server: CrdServer)
         print(f"maximal spec: {used} of {ANNOTATIONS_LIMIT} bytes of annotations")
     finally:
         cluster.kubectl("delete", f"{P}.{G}", name, "-n", crd_server.namespace, "--wait=false")
+
+
+def test_cel_rules_see_bounded_strings() -> None:
+    """The API server estimates each CEL rule's cost from the bounds of what it reads
+    and refuses a CRD over budget; metadata.name counts as unbounded unless both it
+    and generateName carry a maxLength in the schema (then the name regex is
+    estimated at ~700 units instead of ~2.2 million)."""
+    meta = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]
+    assert meta["properties"]["name"]["maxLength"] == 253
+    assert meta["properties"]["generateName"]["maxLength"] == 253
+    resources = SPEC_SCHEMA["properties"]["resources"]["properties"]
+    for quantity in ("memory", "cpu"):  # isQuantity() reads them
+        assert resources[quantity]["maxLength"] == 64
