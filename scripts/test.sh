@@ -6,6 +6,7 @@ t_all=$SECONDS
 step "bootstrap venv" bash "$REPO_ROOT/scripts/bootstrap.sh"
 step "test bed binaries (kube-apiserver, controller-manager, etcd, helm, prometheus)" \
   bash "$REPO_ROOT/scripts/testbed/install.sh"
+step "floor kube-apiserver (oldest supported Kubernetes, CRD tests)" bash "$REPO_ROOT/scripts/testbed/install-floor.sh"
 step "linters (checkov, own pinned venv)" bash "$REPO_ROOT/scripts/install-linters.sh"
 step "real model pair (fetch, verify, convert)" \
   "$VENV/bin/slimspec" fetch --pair default

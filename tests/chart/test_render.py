@@ -210,11 +210,3 @@ def test_example_resource_matches_the_crd_schema(rendered_variants: dict) -> Non
     jsonschema.Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(
         {k: example[k] for k in ("apiVersion", "kind", "spec")}
     )
-
-
-def test_kube_version_floor_is_the_seeds() -> None:
-    """Seed §4.1: Kubernetes 1.23+ (Chart.yaml kubeVersion)."""
-    assert helm_template("--kube-version", "1.23.0").returncode == 0
-    old = helm_template("--kube-version", "1.22.9", check=False)
-    assert old.returncode != 0
-    assert "kubeVersion" in old.stderr or "incompatible" in old.stderr
