@@ -8,6 +8,7 @@ tests/operator/test_crd.py checks that the two agree field by field.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -19,8 +20,25 @@ from .queries import DEFAULT_QUERIES
 
 DEFAULT_IMAGE = "ghcr.io/slimspec/engine:0.1.0"
 
+# The CRD's patterns (crds/slimspecservice.yaml says why each is what it is).
+IMAGE_PATTERN = (
+    r"^((([a-zA-Z0-9]|[a-zA-Z0-9][-a-zA-Z0-9]*[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9]"
+    r"[-a-zA-Z0-9]*[a-zA-Z0-9]))*|\[[0-9a-fA-F:]+\])(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)"
+    r"[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*(:[A-Za-z0-9_][-A-Za-z0-9_.]{0,127})?"
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+GIT_REF = r"^[A-Za-z0-9_]([-A-Za-z0-9_+]|[./][-A-Za-z0-9_+])*$"
+DOTDOT_SEGMENT = re.compile(r"(^|/)[.][.](/|$)")
+
 Ratio = Annotated[float, Field(ge=0.0, le=MAX_RATIO)]
-Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Query = Annotated[str, StringConstraints(max_length=1024)]
+# A Kubernetes quantity: the CRD allows int-or-string, strings up to 64 characters
+# (its CEL rule checks the syntax; manifests pass it on as text).
+Quantity = Annotated[
+    Annotated[str, StringConstraints(max_length=64)] | int,
+    Field(json_schema_extra={"maxLength": 64}),
+]
 
 
 class _Model(BaseModel):
@@ -30,14 +48,14 @@ class _Model(BaseModel):
 
 
 class PvcSource(_Model):
-    claim_name: str = Field(min_length=1, max_length=253)
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
     path: str = Field("", max_length=1024)
     read_only: bool = True
 
     @model_validator(mode="after")
     def _inside_volume(self) -> PvcSource:
-        if ".." in self.path:
-            raise ValueError("path must not contain '..'")
+        if DOTDOT_SEGMENT.search(self.path):
+            raise ValueError("path must not have a '..' segment (it would leave the volume)")
         return self
 
 
@@ -47,7 +65,7 @@ class HuggingFaceSource(_Model):
         max_length=256,
         pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$",
     )
-    revision: Text = "main"
+    revision: str = Field("main", min_length=1, max_length=256, pattern=GIT_REF)
 
 
 class ModelSource(_Model):
@@ -59,6 +77,8 @@ class ModelSource(_Model):
     def _has_its_block(self) -> ModelSource:
         if getattr(self, self.source) is None:
             raise ValueError(f"source: {self.source} needs the {self.source} field")
+        if self.pvc is not None and self.huggingface is not None:
+            raise ValueError("pvc and huggingface are mutually exclusive")
         return self
 
 
@@ -98,8 +118,8 @@ class BatchingSpec(_Model):
 
 class ResourcesSpec(_Model):
     gpu: int = Field(1, ge=0, le=16)
-    memory: str | int = "16Gi"  # Kubernetes quantities; the CRD allows int-or-string
-    cpu: str | int = "2"
+    memory: Quantity = "16Gi"
+    cpu: Quantity = "2"
 
 
 class ServiceSpec(_Model):
@@ -112,19 +132,19 @@ class RolloutSpec(_Model):
 
 
 class PrometheusSpec(_Model):
-    url: str = Field("http://prometheus.monitoring:9090", pattern=r"^https?://")
+    url: str = Field("http://prometheus.monitoring:9090", max_length=1024, pattern=r"^https?://")
     timeout_seconds: float = Field(5.0, gt=0.0, le=60.0)
 
 
 class QueriesSpec(_Model):
     """PromQL templates; unset = built-in (queries.DEFAULT_QUERIES)."""
 
-    p99_latency: str = DEFAULT_QUERIES["p99Latency"]
-    request_rate: str = DEFAULT_QUERIES["requestRate"]
-    mean_accepted_length: str = DEFAULT_QUERIES["meanAcceptedLength"]
-    fallback_rate: str = DEFAULT_QUERIES["fallbackRate"]
-    kept_acceptance: str = DEFAULT_QUERIES["keptAcceptance"]
-    queue_depth: str = DEFAULT_QUERIES["queueDepth"]
+    p99_latency: Query = DEFAULT_QUERIES["p99Latency"]
+    request_rate: Query = DEFAULT_QUERIES["requestRate"]
+    mean_accepted_length: Query = DEFAULT_QUERIES["meanAcceptedLength"]
+    fallback_rate: Query = DEFAULT_QUERIES["fallbackRate"]
+    kept_acceptance: Query = DEFAULT_QUERIES["keptAcceptance"]
+    queue_depth: Query = DEFAULT_QUERIES["queueDepth"]
 
 
 class TuningSpec(_Model):
@@ -191,7 +211,7 @@ class TuningView(_Model):
 class SlimSpecServiceSpec(TuningView):
     """The whole spec: the tuning blocks plus the model and the engine pods."""
 
-    image: str = Field(DEFAULT_IMAGE, min_length=1)
+    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=IMAGE_PATTERN)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     model: ModelSpec
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
