@@ -17,6 +17,17 @@ from pydantic.alias_generators import to_camel
 
 from .contract import DEFAULT_QUALITY_THRESHOLD, MAX_RATIO, FallbackStrategy
 from .queries import DEFAULT_QUERIES
+from .spec_pod import (
+    DNS_SUBDOMAIN,
+    SECRET_KEY,
+    CalibrationSpec,
+    DisruptionBudgetSpec,
+    EngineSpec,
+    ModelCacheSpec,
+    PodSpec,
+    RequiredDnsName,
+    ResourcesSpec,
+)
 
 DEFAULT_IMAGE = "ghcr.io/slimspec/engine:0.1.0"
 
@@ -27,18 +38,11 @@ IMAGE_PATTERN = (
     r"[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*(:[A-Za-z0-9_][-A-Za-z0-9_.]{0,127})?"
     r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
 )
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 GIT_REF = r"^[A-Za-z0-9_]([-A-Za-z0-9_+]|[./][-A-Za-z0-9_+])*$"
 DOTDOT_SEGMENT = re.compile(r"(^|/)[.][.](/|$)")
 
 Ratio = Annotated[float, Field(ge=0.0, le=MAX_RATIO)]
 Query = Annotated[str, StringConstraints(max_length=1024)]
-# A Kubernetes quantity: the CRD allows int-or-string, strings up to 64 characters
-# (its CEL rule checks the syntax; manifests pass it on as text).
-Quantity = Annotated[
-    Annotated[str, StringConstraints(max_length=64)] | int,
-    Field(json_schema_extra={"maxLength": 64}),
-]
 
 
 class _Model(BaseModel):
@@ -59,6 +63,11 @@ class PvcSource(_Model):
         return self
 
 
+class SecretKeyRef(_Model):
+    name: RequiredDnsName
+    key: str = Field("token", min_length=1, max_length=253, pattern=SECRET_KEY)
+
+
 class HuggingFaceSource(_Model):
     id: str = Field(
         min_length=1,
@@ -66,6 +75,7 @@ class HuggingFaceSource(_Model):
         pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$",
     )
     revision: str = Field("main", min_length=1, max_length=256, pattern=GIT_REF)
+    token_secret: SecretKeyRef | None = None
 
 
 class ModelSource(_Model):
@@ -116,12 +126,6 @@ class BatchingSpec(_Model):
     max_queue: int = Field(64, ge=1, le=100000)
 
 
-class ResourcesSpec(_Model):
-    gpu: int = Field(1, ge=0, le=16)
-    memory: Quantity = "16Gi"
-    cpu: Quantity = "2"
-
-
 class ServiceSpec(_Model):
     port: int = Field(8080, ge=1, le=65535)
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
@@ -131,9 +135,21 @@ class RolloutSpec(_Model):
     ready_timeout_seconds: int = Field(600, ge=1, le=86400)
 
 
+class PrometheusAuth(_Model):
+    type: Literal["bearer", "basic"]
+    secret_name: RequiredDnsName
+
+
+class PrometheusTls(_Model):
+    ca_secret_name: RequiredDnsName
+    ca_key: str = Field("ca.crt", min_length=1, max_length=253, pattern=SECRET_KEY)
+
+
 class PrometheusSpec(_Model):
     url: str = Field("http://prometheus.monitoring:9090", max_length=1024, pattern=r"^https?://")
     timeout_seconds: float = Field(5.0, gt=0.0, le=60.0)
+    auth: PrometheusAuth | None = None
+    tls: PrometheusTls | None = None
 
 
 class QueriesSpec(_Model):
@@ -218,6 +234,11 @@ class SlimSpecServiceSpec(TuningView):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    pod: PodSpec = Field(default_factory=PodSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    disruption_budget: DisruptionBudgetSpec = Field(default_factory=DisruptionBudgetSpec)
+    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec)
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
 
 
 class Meta(_Model):

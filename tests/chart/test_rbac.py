@@ -20,12 +20,15 @@ NAMESPACED: dict[tuple[str, str], tuple[str, ...]] = {
     ("slimspec.io", "slimspecservices/status"): ("patch",),
     ("slimspec.io", "slimspecservices/scale"): ("patch",),
     ("slimspec.io", "slimspecservices/finalizers"): ("update",),
-    ("apps", "deployments"): ("list", "watch", "create", "patch", "delete"),
+    ("apps", "deployments"): ("get", "list", "watch", "create", "patch", "delete"),
     ("", "services"): ("get", "create", "patch"),
     ("", "configmaps"): ("get", "list", "watch", "create", "patch"),
-    ("", "serviceaccounts"): ("create", "patch"),
-    ("rbac.authorization.k8s.io", "roles"): ("create", "patch"),
-    ("rbac.authorization.k8s.io", "rolebindings"): ("create", "patch"),
+    ("", "serviceaccounts"): ("get", "create", "patch"),
+    ("rbac.authorization.k8s.io", "roles"): ("get", "create", "patch"),
+    ("rbac.authorization.k8s.io", "rolebindings"): ("get", "create", "patch"),
+    ("policy", "poddisruptionbudgets"): ("get", "create", "patch", "delete"),
+    ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
+    ("", "persistentvolumeclaims"): ("get", "create"),
     ("", "secrets"): ("create",),
     ("", "events"): ("create",),
 }
@@ -132,8 +135,11 @@ def test_no_secret_reads_in_bulk_and_no_escalation_verbs() -> None:
     assert not {v for _, _, v in t} & {"escalate", "bind", "impersonate", "*"}
     assert not {res for _, res, _ in t} & {"clusterroles", "clusterrolebindings", "nodes", "pods"}
     # Deletion is the garbage collector's job (owner references), except for
-    # superseded Deployments and the KEDA ScaledObject.
+    # superseded Deployments, the preparation Jobs of versions no longer in use, a
+    # PodDisruptionBudget turned off and the KEDA ScaledObject.
     assert {(g, res) for g, res, v in t if v == "delete"} == {
         ("apps", "deployments"),
+        ("batch", "jobs"),
+        ("policy", "poddisruptionbudgets"),
         ("keda.sh", "scaledobjects"),
     }
