@@ -38,7 +38,10 @@ CLUSTER: dict[tuple[str, str], tuple[str, ...]] = {
 NAMESPACES = {("", "namespaces"): ("list", "watch")}
 PEERING_NS = {("kopf.dev", "kopfpeerings"): ("get", "list", "watch", "patch")}
 PEERING_CLUSTER = {("kopf.dev", "clusterkopfpeerings"): ("get", "list", "watch", "patch")}
-KEDA = {("keda.sh", "scaledobjects"): ("create", "patch", "delete")}
+KEDA = {
+    ("keda.sh", "scaledobjects"): ("get", "create", "patch", "delete"),
+    ("keda.sh", "triggerauthentications"): ("get", "create", "patch", "delete"),
+}
 
 
 def triples(rules: list[dict[str, Any]]) -> set[Triple]:
@@ -142,4 +145,28 @@ def test_no_secret_reads_in_bulk_and_no_escalation_verbs() -> None:
         ("batch", "jobs"),
         ("policy", "poddisruptionbudgets"),
         ("keda.sh", "scaledobjects"),
+        ("keda.sh", "triggerauthentications"),
     }
+
+
+def test_prometheus_secrets_are_readable_by_name_only() -> None:
+    """spec.prometheus.auth: the operator may get the Secrets the chart lists, no other."""
+    for scope in ("cluster", "namespace"):
+        r = render(
+            "--set",
+            f"rbac.scope={scope}",
+            "--set",
+            "rbac.prometheusSecrets={prometheus-auth,prometheus-ca}",
+        )
+        role = r.one("ClusterRole") if scope == "cluster" else r.of_kind("Role")[0]
+        secret_rules = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
+        named = [rule for rule in secret_rules if "resourceNames" in rule]
+        assert named == [
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": ["prometheus-auth", "prometheus-ca"],
+                "verbs": ["get"],
+            }
+        ], scope
+        assert all(rule["verbs"] == ["create"] for rule in secret_rules if rule not in named)

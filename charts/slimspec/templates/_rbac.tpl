@@ -75,10 +75,18 @@ operator deletes only superseded Deployments itself.
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 {{- if .Values.rbac.keda }}
-# autoscaling.mode=keda: the tuner applies / deletes a KEDA ScaledObject.
+# autoscaling.mode=keda: the tuner applies / deletes a KEDA ScaledObject and, with
+# spec.prometheus.auth, a TriggerAuthentication (read first: never adopt another's).
 - apiGroups: ["keda.sh"]
-  resources: ["scaledobjects"]
-  verbs: ["create", "patch", "delete"]
+  resources: ["scaledobjects", "triggerauthentications"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}
+{{- with .Values.rbac.prometheusSecrets }}
+# The Prometheus credentials the tuner may read (rbac.prometheusSecrets), by name only.
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: {{ toJson . }}
+  verbs: ["get"]
 {{- end }}
 {{- end }}
 
