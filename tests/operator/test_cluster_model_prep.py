@@ -214,6 +214,18 @@ def test_hub_model_downloaded_once_per_version_with_the_token(
     assert [d.metadata.name for d in api.deployments()] == [dep.metadata.name]
     assert api.get()["status"]["servedVersion"] == "v1"
 
+    # back to v1: the failed version's Job is no longer used by anything and goes
+    hub_v1 = {"id": REPO, "revision": "main", "tokenSecret": {"name": "hf-token"}}
+    api.patch_spec({"model": {**model, "target": {**target, "huggingface": hub_v1}}})
+    api.wait(
+        lambda: (
+            [j.metadata.name for j in batch.list_namespaced_job(namespace).items]
+            == [job["metadata"]["name"]]
+        ),
+        what="the unused Job deleted, v1's kept",
+    )
+    api.wait(lambda: api.condition("Degraded").get("status") == "False", what="Degraded cleared")
+
 
 @contextlib.contextmanager
 def _serve(env: dict[str, str], args: list[str], log: Path) -> Iterator[str]:

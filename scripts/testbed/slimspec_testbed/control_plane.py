@@ -24,7 +24,7 @@ import signal
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -66,7 +66,7 @@ def _start_etcd(workdir: Path) -> tuple[Component, str]:
 
 
 def _start_apiserver(
-    workdir: Path, etcd_url: str, k8s_version: str | None = None
+    workdir: Path, etcd_url: str, k8s_version: str | None = None, extra_args: Sequence[str] = ()
 ) -> tuple[Component, str]:
     pki = workdir / "pki"
     (workdir / "tokens.csv").write_text(
@@ -95,6 +95,7 @@ def _start_apiserver(
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            *extra_args,
         ],
         workdir,
     )
@@ -157,13 +158,17 @@ def _ensure_fake_node(cluster: KubeCluster) -> None:
 
 
 def start_cluster(
-    workdir: Path, k8s_version: str | None = None, controllers: bool = True
+    workdir: Path,
+    k8s_version: str | None = None,
+    controllers: bool = True,
+    apiserver_args: Sequence[str] = (),
 ) -> KubeCluster:
     """Start etcd, kube-apiserver and kube-controller-manager; stop all on failure.
 
     ``k8s_version``: that version's kube-apiserver instead of the pinned one.
     ``controllers=False``: etcd and the API server only (no controller-manager, no
     Node, no reaper), enough to install CRDs and check their validation.
+    ``apiserver_args``: extra kube-apiserver flags (e.g. an audit log).
     """
     names = ["etcd", "kube-apiserver"] + (["kube-controller-manager"] if controllers else [])
     binaries = [tool_path(n, k8s_version) for n in names]
@@ -175,7 +180,7 @@ def start_cluster(
         etcd, etcd_url = _start_etcd(workdir)
         components.append(etcd)
         poll(lambda: _alive_or_fail(etcd) and _http_ok(f"{etcd_url}/health"), 30, "etcd /health")
-        apiserver, server = _start_apiserver(workdir, etcd_url, k8s_version)
+        apiserver, server = _start_apiserver(workdir, etcd_url, k8s_version, apiserver_args)
         components.append(apiserver)
         ca_file = workdir / "pki" / "ca.crt"
         poll(
@@ -265,7 +270,7 @@ def _workdir() -> Path:
 
 @contextlib.contextmanager
 def running_cluster(
-    k8s_version: str | None = None, controllers: bool = True
+    k8s_version: str | None = None, controllers: bool = True, apiserver_args: Sequence[str] = ()
 ) -> Iterator[KubeCluster]:
     """Start a cluster, yield it, always stop it (and remove its temp dir).
 
@@ -275,7 +280,7 @@ def running_cluster(
     for attempt in range(3):
         workdir = _workdir()
         try:
-            cluster = start_cluster(workdir, k8s_version, controllers)
+            cluster = start_cluster(workdir, k8s_version, controllers, apiserver_args)
             break
         except TestbedError as exc:
             # free_port() races with other processes: a taken port is worth a retry.
