@@ -253,11 +253,15 @@ def reconcile(
         (kind, name, kube.get(kind, svc.namespace, name))
         for kind, name in writable_names(svc, prep_spec)
     ]
+    observed = observe(kube, svc, now, found)
     prep: PrepStatus | None = None
     if prep_spec is not None:
         job = next((o for k, _, o in found if k == "Job"), None)
         prep = PrepStatus(prep_spec, *job_state(job))
-    observed = observe(kube, svc, now, found)
+        if prep.state == "Missing" and any(
+            d.preparation_key == prep_spec.key for d in observed.deployments
+        ):  # its Job is gone (deleted by hand), but a Deployment runs on what it made
+            prep = PrepStatus(prep_spec, "Succeeded")
     plan = plan_rollout(desired_of(svc, prep), observed)
     status = build_status(svc, plan, observed, now, prep)
 
