@@ -80,9 +80,10 @@ def writable_names(svc: SlimSpecService, prep: Preparation | None) -> list[tuple
         ("ServiceAccount", engine),
         ("Role", engine),
         ("RoleBinding", engine),
-        ("PodDisruptionBudget", m.disruption_budget_name(svc.name)),
         ("Deployment", m.deployment_name(svc.name, m.desired_template_hash(svc))),
     ]
+    if svc.spec.disruption_budget.enabled:
+        names.append(("PodDisruptionBudget", m.disruption_budget_name(svc.name)))
     if prep is not None:
         names.append(("Job", prep.job_name))
         if not svc.spec.model_cache.claim_name:
@@ -135,7 +136,7 @@ def _write_status(
     return kube.apply(body, subresource="status").get("metadata", {}).get("resourceVersion")
 
 
-def _apply_support_objects(kube: Kube, svc: SlimSpecService, found: Found) -> None:
+def _apply_support_objects(kube: Kube, svc: SlimSpecService) -> None:
     kube.create(m.admin_secret(svc, secrets.token_urlsafe(32)))  # once; never rotated here
     kube.apply(m.service_account(svc))
     kube.apply(m.role(svc))
@@ -144,8 +145,12 @@ def _apply_support_objects(kube: Kube, svc: SlimSpecService, found: Found) -> No
     pdb = m.disruption_budget(svc)
     if pdb is not None:
         kube.apply(pdb)
-    elif any(k == "PodDisruptionBudget" and o is not None for k, _, o in found):
-        kube.delete("PodDisruptionBudget", svc.namespace, m.disruption_budget_name(svc.name))
+        return
+    # Turned off: remove ours, if there is one (someone else's of that name stays).
+    name = m.disruption_budget_name(svc.name)
+    existing = kube.get("PodDisruptionBudget", svc.namespace, name)
+    if existing is not None and owned_by(existing, svc.metadata.uid):
+        kube.delete("PodDisruptionBudget", svc.namespace, name)
 
 
 def _prepare(
@@ -274,7 +279,7 @@ def reconcile(
         return plan
 
     try:
-        _apply_support_objects(kube, svc, found)
+        _apply_support_objects(kube, svc)
         if prep is not None and _prepare(kube, svc, prep, found, hf_endpoint) and emit:
             emit("Normal", "PreparingModel", f"started Job {prep.prep.job_name}")
         seed = compression_patch(svc, ratio_in_force(svc), format_time(now))

@@ -45,3 +45,35 @@ def test_long_lists_are_cut() -> None:
     many = [Conflict("ConfigMap", f"c{i}", "it has no controller") for i in range(5)]
     text = conflict_message(many)
     assert "c2" in text and "c3" not in text and "and 2 more" in text
+
+
+def test_the_names_a_round_may_write() -> None:
+    from slimspec_operator.model_prep import preparation
+    from slimspec_operator.reconcile import writable_names
+    from slimspec_operator.spec import SlimSpecService
+
+    from .helpers import body
+
+    s = SlimSpecService.from_body(body())
+    kinds = {k for k, _ in writable_names(s, preparation(s))}
+    assert kinds == {
+        "Service",
+        "ConfigMap",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "PodDisruptionBudget",
+    }
+    # a budget turned off: someone else's PodDisruptionBudget of that name is no conflict
+    off = SlimSpecService.from_body(body(disruptionBudget={"enabled": False}))
+    assert "PodDisruptionBudget" not in {k for k, _ in writable_names(off, None)}
+    # model preparation adds its Job and the cache claim (unless the spec names a claim)
+    cal = SlimSpecService.from_body(body(calibration={"enabled": True}))
+    names = dict(writable_names(cal, preparation(cal)))
+    assert names["PersistentVolumeClaim"] == "chat-model-cache"
+    assert names["Job"].startswith("chat-prep-")
+    given = SlimSpecService.from_body(
+        body(calibration={"enabled": True}, modelCache={"claimName": "shared"})
+    )
+    assert "PersistentVolumeClaim" not in dict(writable_names(given, preparation(given)))
