@@ -23,6 +23,8 @@ KEDA_VERSION = "v1alpha1"
 KEDA_KIND = "ScaledObject"
 KEDA_PLURAL = "scaledobjects"
 KEDA_API_VERSION = f"{KEDA_GROUP}/{KEDA_VERSION}"
+KEDA_AUTH_KIND = "TriggerAuthentication"  # Prometheus credentials for the ScaledObject
+KEDA_AUTH_PLURAL = "triggerauthentications"
 
 # Server-side apply field managers. The reconciler and the tuner own different
 # status fields (and conditions); each applies only its own, so neither erases

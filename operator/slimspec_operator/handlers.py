@@ -1,8 +1,16 @@
 """Kopf glue: every trigger runs the same level-based reconcile.
 
-Triggers: create/update/resume of a SlimSpecService, a timer (deadlines and
-drift), and changes of the Deployments it owns (readiness moves a rollout on
-without waiting for the timer). Nothing here decides anything.
+Triggers: a watch event of a SlimSpecService whose spec (metadata.generation)
+this process has not reconciled yet (so: its creation, every spec change, and
+each resource once after a start), a timer (deadlines and drift), a ratio the
+tuner moved, and changes of the Deployments and Jobs it owns (readiness moves a
+rollout on without waiting for the timer). Nothing here decides anything.
+
+No create/update/resume handlers: those make Kopf keep a copy of the whole spec
+in an annotation (its diff base), and a spec the API server accepts could then
+outgrow the 256 KiB that all annotations of an object may hold, after which the
+operator could not handle it at all. Reconciling is level-based, so "the spec
+changed" is all it needs to know, and metadata.generation says that.
 """
 
 from __future__ import annotations
@@ -25,8 +33,13 @@ from .spec import SlimSpecService, ratio_in_force
 
 RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
 CONFLICT_RETRIES = 3  # immediate re-reads when a status write loses a race
+# A hub mirror for the model preparation Jobs (HF_ENDPOINT), set by the cluster's
+# admin for the whole operator: a per-resource endpoint would let whoever writes a
+# SlimSpecService send the hub token of a Secret to a server of their choosing.
+HF_ENDPOINT = os.environ.get("SLIMSPEC_HF_ENDPOINT") or None
 
 _written_ratio: dict[str, float] = {}  # uid -> ratio last written to the ConfigMap
+_reconciled_generation: dict[str, int] = {}  # uid -> metadata.generation last reconciled
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -67,9 +80,10 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
                 fresh = kube.get(KIND, *_ns_name(body))
                 if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                     _written_ratio.pop(uid, None)
+                    _reconciled_generation.pop(uid, None)
                     return
                 try:
-                    reconcile(kube, fresh, now(), _event_sink(fresh, logger))
+                    reconcile(kube, fresh, now(), _event_sink(fresh, logger), HF_ENDPOINT)
                 except ApiError as e:
                     # Someone wrote the object between our read and our status write
                     # (the tuner, a user): plan again from what is there now.
@@ -78,6 +92,7 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
                     RECONCILE_TOTAL.labels("conflict").inc()
                     continue
                 _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
+                _reconciled_generation[uid] = int(fresh["metadata"].get("generation") or 0)
                 RECONCILE_TOTAL.labels("ok").inc()
                 break
         except ApiError as e:
@@ -107,11 +122,21 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-@kopf.on.resume(GROUP, VERSION, PLURAL)
+def _spec_not_reconciled(body: kopf.Body, **_: Any) -> bool:
+    """A spec this process has not reconciled yet (new resource, spec change, or
+    the first event after a start); status-only events do not count."""
+    meta = body.get("metadata", {})
+    if meta.get("deletionTimestamp"):
+        return False
+    return _reconciled_generation.get(meta.get("uid", "")) != int(meta.get("generation") or 0)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_spec_not_reconciled)
 def on_change(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    run(body, logger)
+    try:
+        run(body, logger)
+    except kopf.TemporaryError as exc:  # event handlers are not retried: the timer is
+        logger.warning(f"reconcile failed, retrying on the next timer tick: {exc}")
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL_S, initial_delay=1)
@@ -136,7 +161,9 @@ def on_ratio(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGER})
+@kopf.on.event("batch", "v1", "jobs", labels={MANAGED_BY_LABEL: MANAGER})
 def on_deployment(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    """A Deployment's readiness or a preparation Job's end moves its resource on now."""
     owner = next(
         (
             ref

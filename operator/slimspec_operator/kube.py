@@ -21,6 +21,8 @@ from .contract import (
     HASH_LABEL,
     INSTANCE_LABEL,
     KEDA_API_VERSION,
+    KEDA_AUTH_KIND,
+    KEDA_AUTH_PLURAL,
     KEDA_KIND,
     KEDA_PLURAL,
     KIND,
@@ -30,6 +32,7 @@ from .contract import (
     PLURAL,
     VERSION_LABEL,
 )
+from .model_prep import ARTIFACT_ANNOTATION, KEY_ANNOTATION
 from .rollout import ObservedDeployment
 
 FIELD_MANAGER = OPERATOR_FIELD_MANAGER
@@ -43,9 +46,13 @@ _PATHS: dict[str, tuple[str, str]] = {
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Event": ("/api/v1", "events"),
     KIND: (f"/apis/{API_VERSION}", PLURAL),
     KEDA_KIND: (f"/apis/{KEDA_API_VERSION}", KEDA_PLURAL),
+    KEDA_AUTH_KIND: (f"/apis/{KEDA_API_VERSION}", KEDA_AUTH_PLURAL),
 }
 
 
@@ -191,21 +198,26 @@ class Kube:
 
     # ------------------------------------------------------------ domain reads
 
-    def owned_deployments(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+    def owned(self, kind: str, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        """Objects of `kind` made for resource `name` whose controller is that resource."""
         selector = f"{INSTANCE_LABEL}={name},{MANAGED_BY_LABEL}={MANAGER}"
         return [
             d
-            for d in self.list_objects("Deployment", namespace, selector)
+            for d in self.list_objects(kind, namespace, selector)
             if any(
                 ref.get("uid") == uid and ref.get("controller")
                 for ref in d["metadata"].get("ownerReferences") or []
             )
         ]
 
+    def owned_deployments(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        return self.owned("Deployment", namespace, name, uid)
+
 
 def observe_deployment(d: Mapping[str, Any]) -> ObservedDeployment:
     meta, spec, status = d["metadata"], d.get("spec") or {}, d.get("status") or {}
     labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
     created = meta.get("creationTimestamp")
     return ObservedDeployment(
         name=meta["name"],
@@ -217,6 +229,8 @@ def observe_deployment(d: Mapping[str, Any]) -> ObservedDeployment:
         created_at=parse_time(created) if created else datetime.now().astimezone(),
         generation=int(meta.get("generation") or 0),
         observed_generation=int(status.get("observedGeneration") or 0),
+        preparation_key=annotations.get(KEY_ANNOTATION, ""),
+        artifact=annotations.get(ARTIFACT_ANNOTATION, ""),
     )
 
 

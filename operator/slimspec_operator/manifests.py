@@ -27,13 +27,24 @@ from .contract import (
     configmap_name,
     format_ratio,
 )
+from .model_prep import ARTIFACT_ANNOTATION, KEY_ANNOTATION, preparation
 from .model_volumes import model_volumes
+from .pod_settings import (
+    container_security,
+    engine_resources,
+    extra_args,
+    extra_env,
+    extra_env_from,
+    placement,
+    pod_metadata,
+    pod_security,
+    scratch_volumes,
+)
 from .spec import SlimSpecService, ratio_in_force
 
 Manifest = dict[str, Any]
 
 ENGINE_PORT = 8080
-ENGINE_UID = 10001
 
 ADMIN_TOKEN_DIR = "/var/run/slimspec/admin"
 CACHE_DIR = "/var/cache/slimspec"
@@ -68,8 +79,20 @@ def engine_account_name(name: str) -> str:
     return f"{name}-engine"
 
 
-def admin_secret_name(name: str) -> str:
-    return f"{name}-admin"
+def admin_secret_name(name: str, uid: str) -> str:
+    """The admin token's Secret carries the resource's UID in its name: the operator
+    may create Secrets but not read them, so it cannot check who owns one, and no
+    one can have made this one before the resource existed."""
+    return f"{name}-admin-{uid[:8]}"
+
+
+def disruption_budget_name(name: str) -> str:
+    return name
+
+
+def status_url(svc: SlimSpecService) -> str:
+    """The in-cluster URL clients use (status.url)."""
+    return f"http://{service_name(svc.name)}.{svc.namespace}.svc:{svc.spec.service.port}"
 
 
 def deployment_name(name: str, template_hash: str) -> str:
@@ -78,6 +101,11 @@ def deployment_name(name: str, template_hash: str) -> str:
 
 def common_labels(name: str) -> dict[str, str]:
     return {NAME_LABEL: ENGINE_NAME, INSTANCE_LABEL: name, MANAGED_BY_LABEL: MANAGER}
+
+
+def engine_selector(name: str) -> dict[str, str]:
+    """matchLabels of every engine pod of the resource (PDB, spread constraints)."""
+    return {NAME_LABEL: ENGINE_NAME, INSTANCE_LABEL: name}
 
 
 def selector_string(name: str) -> str:
@@ -109,37 +137,18 @@ def _meta(svc: SlimSpecService, name: str, labels: dict[str, str] | None = None)
 # ---------------------------------------------------------------- pod template
 
 
-def _container_security() -> Manifest:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": ENGINE_UID,
-        "runAsGroup": ENGINE_UID,
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
 def _cm_env(env: str, key: str, cm: str) -> Manifest:
     # Initial value from the runtime ConfigMap: the template only names the key,
     # so a ratio change never changes the template hash.
     return {"name": env, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}}
 
 
-def _resources(svc: SlimSpecService) -> Manifest:
-    r = svc.spec.resources
-    limits: dict[str, Any] = {"memory": str(r.memory)}
-    if r.gpu > 0:
-        limits["nvidia.com/gpu"] = str(r.gpu)
-    return {"requests": {"cpu": str(r.cpu), "memory": str(r.memory)}, "limits": limits}
-
-
 def pod_template(svc: SlimSpecService) -> Manifest:
     """The engine pod template without the hash label (the hash is computed over this)."""
     spec = svc.spec
     cm = configmap_name(svc.name)
-    models = model_volumes(svc)
+    prep = preparation(svc)
+    models = model_volumes(svc, prep)
     paths = models.paths
     env: list[Manifest] = [
         {"name": "PORT", "value": str(ENGINE_PORT)},
@@ -159,6 +168,10 @@ def pod_template(svc: SlimSpecService) -> Manifest:
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
     ]
+    if models.calibration is not None:
+        env.append({"name": "SLIMSPEC_CALIBRATION", "value": models.calibration})
+    env += extra_env(svc)
+    scratch, scratch_mounts = scratch_volumes(svc, CACHE_DIR)
     probe_get = {"port": "http", "scheme": "HTTP"}
     container: Manifest = {
         "name": "engine",
@@ -175,10 +188,11 @@ def pod_template(svc: SlimSpecService) -> Manifest:
             str(spec.batching.max_queue),
             "--batch-wait-ms",
             str(spec.batching.max_wait_ms),
+            *extra_args(svc),
         ],
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": env,
-        "resources": _resources(svc),
+        "resources": engine_resources(svc),
         "readinessProbe": {
             "httpGet": {"path": "/readyz", **probe_get},
             "periodSeconds": 5,
@@ -191,49 +205,40 @@ def pod_template(svc: SlimSpecService) -> Manifest:
             "failureThreshold": 6,
         },
         "lifecycle": {"preStop": {"exec": {"command": ["python", "-c", _PRESTOP]}}},
-        "securityContext": _container_security(),
+        "securityContext": container_security(),
         "volumeMounts": [
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "cache", "mountPath": CACHE_DIR},
+            *scratch_mounts,
             {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
             *models.mounts,
         ],
     }
+    if spec.engine.env_from:
+        container["envFrom"] = extra_env_from(svc)
+    labels = {**common_labels(svc.name), VERSION_LABEL: spec.model.version}
     pod_spec: Manifest = {
         "serviceAccountName": engine_account_name(svc.name),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": ENGINE_UID,
-            "runAsGroup": ENGINE_UID,
-            "fsGroup": ENGINE_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(),
         "containers": [container],
         "volumes": [
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "cache", "emptyDir": {}},
+            *scratch,
             {
                 "name": "admin-token",
-                "secret": {"secretName": admin_secret_name(svc.name), "defaultMode": 0o440},
+                "secret": {
+                    "secretName": admin_secret_name(svc.name, svc.metadata.uid),
+                    "defaultMode": 0o440,
+                },
             },
             *models.volumes,
         ],
+        **placement(svc, engine_selector(svc.name)),
     }
-    if models.init_containers:
-        security = {"securityContext": _container_security()}
-        pod_spec["initContainers"] = [c | security for c in models.init_containers]
-    return {
-        "metadata": {
-            "labels": {**common_labels(svc.name), VERSION_LABEL: spec.model.version},
-            "annotations": {
-                "prometheus.io/scrape": "true",
-                "prometheus.io/port": str(ENGINE_PORT),
-                "prometheus.io/path": "/metrics",
-            },
-        },
-        "spec": pod_spec,
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(ENGINE_PORT),
+        "prometheus.io/path": "/metrics",
     }
+    return {"metadata": pod_metadata(svc, labels, annotations), "spec": pod_spec}
 
 
 def template_hash(template: Manifest) -> str:
@@ -255,12 +260,18 @@ def deployment(svc: SlimSpecService, replicas: int) -> Manifest:
     version = svc.spec.model.version
     template["metadata"]["labels"][HASH_LABEL] = h
     template["metadata"]["annotations"][HASH_LABEL] = h
+    annotations = {HASH_LABEL: h, VERSION_LABEL: version}
+    prep = preparation(svc)
+    if prep is not None:  # which preparation this version runs on (status.models)
+        annotations[KEY_ANNOTATION] = prep.key
+        if prep.artifact is not None:
+            annotations[ARTIFACT_ANNOTATION] = prep.artifact
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
             **_meta(svc, deployment_name(svc.name, h), {VERSION_LABEL: version, HASH_LABEL: h}),
-            "annotations": {HASH_LABEL: h, VERSION_LABEL: version},
+            "annotations": annotations,
         },
         "spec": {
             "replicas": replicas,
@@ -322,7 +333,7 @@ def admin_secret(svc: SlimSpecService, token: str) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _meta(svc, admin_secret_name(svc.name)),
+        "metadata": _meta(svc, admin_secret_name(svc.name, svc.metadata.uid)),
         "type": "Opaque",
         "stringData": {"token": token},
     }
@@ -361,4 +372,23 @@ def role_binding(svc: SlimSpecService) -> Manifest:
         "metadata": _meta(svc, name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": svc.namespace}],
+    }
+
+
+def disruption_budget(svc: SlimSpecService) -> Manifest | None:
+    """PodDisruptionBudget over every engine pod of the resource (both versions during a
+    rollout); None when disabled. maxUnavailable 1 unless the spec says otherwise."""
+    db = svc.spec.disruption_budget
+    if not db.enabled:
+        return None
+    budget: dict[str, Any] = (
+        {"minAvailable": db.min_available}
+        if db.min_available is not None
+        else {"maxUnavailable": db.max_unavailable if db.max_unavailable is not None else 1}
+    )
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(svc, disruption_budget_name(svc.name)),
+        "spec": {"selector": {"matchLabels": engine_selector(svc.name)}, **budget},
     }

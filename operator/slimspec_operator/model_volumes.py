@@ -1,8 +1,10 @@
 """Where the engine pods find the target and draft weights (pure).
 
-`source: pvc`: the claim mounted read-only under /models (one volume per claim,
-shared by both roles when they use the same claim). `source: huggingface`: an init
-container runs `slimspec fetch` into a per-pod cache volume.
+`source: pvc`: the claim mounted under /models (one volume per claim, shared by
+both roles when they use the same claim; read-only unless the spec says
+otherwise). `source: huggingface`, and the calibration artifact: the model cache
+claim, mounted read-only at /models/cache, where the version's preparation Job
+(model_prep.py) has put them before the Deployment exists.
 """
 
 from __future__ import annotations
@@ -10,12 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .spec import ModelSource, SlimSpecService
+from .model_prep import (
+    CACHE_MOUNT,
+    CACHE_VOLUME,
+    MODELS_DIR,
+    Preparation,
+    cache_claim_name,
+    pvc_volume_names,
+    source_path,
+)
+from .spec import SlimSpecService
 
 Manifest = dict[str, Any]
-
-MODELS_DIR = "/models"
-CACHE_MOUNT = f"{MODELS_DIR}/cache"
 
 
 @dataclass
@@ -23,49 +31,27 @@ class ModelVolumes:
     paths: dict[str, str] = field(default_factory=dict)  # role (target/draft) -> directory
     volumes: list[Manifest] = field(default_factory=list)
     mounts: list[Manifest] = field(default_factory=list)  # for the engine container
-    init_containers: list[Manifest] = field(default_factory=list)  # without securityContext
+    calibration: str | None = None  # the artifact directory, when the operator calibrated
 
 
-def _fetch_container(svc: SlimSpecService, role: str, repo: str, revision: str) -> Manifest:
-    return {
-        "name": f"fetch-{role}",
-        "image": svc.spec.image,
-        "imagePullPolicy": svc.spec.image_pull_policy,
-        "command": ["slimspec", "fetch"],
-        "args": ["--hf", repo, "--revision", revision, "--out", f"{CACHE_MOUNT}/{role}"],
-        "env": [{"name": "HF_HOME", "value": f"{CACHE_MOUNT}/.hf"}],
-        "volumeMounts": [
-            {"name": "model-cache", "mountPath": CACHE_MOUNT},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-    }
-
-
-def model_volumes(svc: SlimSpecService) -> ModelVolumes:
+def model_volumes(svc: SlimSpecService, prep: Preparation | None) -> ModelVolumes:
     out = ModelVolumes()
-    claims: dict[str, str] = {}  # claim name -> volume name; one volume per claim
-    roles: list[tuple[str, ModelSource]] = [
-        ("target", svc.spec.model.target),
-        ("draft", svc.spec.model.draft),
-    ]
-    for role, src in roles:
-        if src.source == "pvc" and src.pvc is not None:
-            vol = claims.get(src.pvc.claim_name)
-            if vol is None:
-                vol = f"model-pvc-{len(claims)}"
-                claims[src.pvc.claim_name] = vol
-                claim = {"claimName": src.pvc.claim_name, "readOnly": src.pvc.read_only}
-                out.volumes.append({"name": vol, "persistentVolumeClaim": claim})
-                mount = {"name": vol, "mountPath": f"{MODELS_DIR}/{vol}"}
-                out.mounts.append(mount | {"readOnly": src.pvc.read_only})
-            sub = src.pvc.path.strip("/")
-            out.paths[role] = f"{MODELS_DIR}/{vol}" + (f"/{sub}" if sub else "")
-        elif src.source == "huggingface" and src.huggingface is not None:
-            hf = src.huggingface
-            out.paths[role] = f"{CACHE_MOUNT}/{role}"
-            out.init_containers.append(_fetch_container(svc, role, hf.id, hf.revision))
-    if out.init_containers:
-        out.volumes.append({"name": "model-cache", "emptyDir": {}})
-        out.mounts.append({"name": "model-cache", "mountPath": CACHE_MOUNT})
+    claims = pvc_volume_names(svc)
+    for role, src in (("target", svc.spec.model.target), ("draft", svc.spec.model.draft)):
+        out.paths[role] = source_path(src, claims)
+    for src in (svc.spec.model.target, svc.spec.model.draft):
+        if src.pvc is None:
+            continue
+        vol = claims[src.pvc.claim_name]
+        if any(v["name"] == vol for v in out.volumes):
+            continue
+        claim = {"claimName": src.pvc.claim_name, "readOnly": src.pvc.read_only}
+        out.volumes.append({"name": vol, "persistentVolumeClaim": claim})
+        mount = {"name": vol, "mountPath": f"{MODELS_DIR}/{vol}", "readOnly": src.pvc.read_only}
+        out.mounts.append(mount)
+    if prep is not None:
+        cache: Manifest = {"claimName": cache_claim_name(svc), "readOnly": True}
+        out.volumes.append({"name": CACHE_VOLUME, "persistentVolumeClaim": cache})
+        out.mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True})
+        out.calibration = prep.artifact
     return out

@@ -2,6 +2,14 @@
 
 Safe to run any number of times, from any handler, after a restart: every
 input is read from the cluster and every write is an idempotent apply.
+
+Two ways a round ends without writing anything but status (Degraded says why,
+an Event says it once):
+- an object the round would write exists and belongs to someone else
+  (ownership.py): reason ResourceConflict;
+- the API server refuses an object built from the spec (400/422, e.g. an
+  affinity it cannot parse): reason InvalidSpec with the server's message. The
+  next timer round tries again, so fixing the spec (or the operator) heals it.
 """
 
 from __future__ import annotations
@@ -11,11 +19,24 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from . import manifests as m
-from .conditions import format_time
-from .contract import API_VERSION, KIND
-from .kube import Kube, observe_deployment, service_hash
+from .conditions import format_time, get_condition
+from .contract import API_VERSION, KIND, configmap_name
+from .kube import ApiError, Kube, observe_deployment, service_hash
 from .metrics import ACTIONS_TOTAL, ROLLOUT_IN_PROGRESS, ROLLOUTS_TOTAL
+from .model_prep import (
+    KEY_ANNOTATION,
+    PREP_NAME,
+    Preparation,
+    cache_claim,
+    cache_claim_name,
+    job_state,
+    prep_job,
+    preparation,
+)
+from .ownership import RESOURCE_CONFLICT, conflict_message, conflicts, owned_by
 from .rollout import (
     ApplyDeployment,
     DeleteDeployment,
@@ -27,9 +48,10 @@ from .rollout import (
     plan_rollout,
 )
 from .spec import SlimSpecService, ratio_in_force
-from .status import build_status, compression_patch
+from .status import INVALID_SPEC, PrepStatus, build_status, compression_patch, refused
 
 EventSink = Callable[[str, str, str], None]  # (type, reason, message)
+Found = list[tuple[str, str, dict[str, Any] | None]]  # (kind, name, object or None)
 
 _EVENT_METRIC = {
     "RolloutStarted": "started",
@@ -37,19 +59,43 @@ _EVENT_METRIC = {
     "RolloutComplete": "completed",
     "RolledBack": "rolled_back",
 }
+MESSAGE_LIMIT = 512  # a server's refusal in a condition: enough to name the field
 
 
-def _apply_support_objects(kube: Kube, svc: SlimSpecService) -> None:
-    kube.create(m.admin_secret(svc, secrets.token_urlsafe(32)))  # once; never rotated here
-    kube.apply(m.service_account(svc))
-    kube.apply(m.role(svc))
-    kube.apply(m.role_binding(svc))
-    kube.apply(m.runtime_configmap(svc))
+def _owner_meta(svc: SlimSpecService) -> dict[str, Any]:
+    return {
+        "namespace": svc.namespace,
+        "labels": m.common_labels(svc.name),
+        "ownerReferences": [m.owner_reference(svc.name, svc.metadata.uid)],
+    }
 
 
-def observe(kube: Kube, svc: SlimSpecService, now: datetime) -> Observed:
+def writable_names(svc: SlimSpecService, prep: Preparation | None) -> list[tuple[str, str]]:
+    """(kind, name) of every object a round may create or change (the admin Secret is
+    create-only under a UID-bearing name: manifests.admin_secret_name)."""
+    engine = m.engine_account_name(svc.name)
+    names = [
+        ("Service", m.service_name(svc.name)),
+        ("ConfigMap", configmap_name(svc.name)),
+        ("ServiceAccount", engine),
+        ("Role", engine),
+        ("RoleBinding", engine),
+        ("Deployment", m.deployment_name(svc.name, m.desired_template_hash(svc))),
+    ]
+    if svc.spec.disruption_budget.enabled:
+        names.append(("PodDisruptionBudget", m.disruption_budget_name(svc.name)))
+    if prep is not None:
+        names.append(("Job", prep.job_name))
+        if not svc.spec.model_cache.claim_name:
+            names.append(("PersistentVolumeClaim", cache_claim_name(svc)))
+    return names
+
+
+def observe(kube: Kube, svc: SlimSpecService, now: datetime, found: Found) -> Observed:
     deps = kube.owned_deployments(svc.namespace, svc.name, svc.metadata.uid)
-    service = kube.get("Service", svc.namespace, m.service_name(svc.name))
+    service = next((o for k, _, o in found if k == "Service"), None)
+    if service is not None and not owned_by(service, svc.metadata.uid):
+        service = None  # someone else's: its selector says nothing about our versions
     return Observed(
         deployments=tuple(observe_deployment(d) for d in deps),
         service_hash=service_hash(service),
@@ -59,17 +105,22 @@ def observe(kube: Kube, svc: SlimSpecService, now: datetime) -> Observed:
     )
 
 
-def desired_of(svc: SlimSpecService) -> Desired:
+def desired_of(svc: SlimSpecService, prep: PrepStatus | None = None) -> Desired:
     return Desired(
         template_hash=m.desired_template_hash(svc),
         version=svc.spec.model.version,
         replicas=svc.spec.replicas,
         ready_timeout_s=float(svc.spec.rollout.ready_timeout_seconds),
+        prepared=prep is None or prep.state == "Succeeded",
+        preparation_failed=prep.message or "Failed" if prep and prep.state == "Failed" else None,
     )
 
 
 def _write_status(
-    kube: Kube, svc: SlimSpecService, status: Mapping[str, Any], resource_version: str | None
+    kube: Kube,
+    meta_in: Mapping[str, Any],
+    status: Mapping[str, Any],
+    resource_version: str | None,
 ) -> str | None:
     """Apply the reconciler's status; returns the new resourceVersion.
 
@@ -78,11 +129,56 @@ def _write_status(
     someone removed meanwhile (`kubectl patch --subresource=status` dropping
     failedTemplateHash to retry a rollout).
     """
-    meta: dict[str, Any] = {"name": svc.name, "namespace": svc.namespace}
+    meta: dict[str, Any] = {"name": meta_in["name"], "namespace": meta_in["namespace"]}
     if resource_version:
         meta["resourceVersion"] = resource_version
     body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "status": dict(status)}
     return kube.apply(body, subresource="status").get("metadata", {}).get("resourceVersion")
+
+
+def _apply_support_objects(kube: Kube, svc: SlimSpecService) -> None:
+    kube.create(m.admin_secret(svc, secrets.token_urlsafe(32)))  # once; never rotated here
+    kube.apply(m.service_account(svc))
+    kube.apply(m.role(svc))
+    kube.apply(m.role_binding(svc))
+    kube.apply(m.runtime_configmap(svc))
+    pdb = m.disruption_budget(svc)
+    if pdb is not None:
+        kube.apply(pdb)
+        return
+    # Turned off: remove ours, if there is one (someone else's of that name stays).
+    name = m.disruption_budget_name(svc.name)
+    existing = kube.get("PodDisruptionBudget", svc.namespace, name)
+    if existing is not None and owned_by(existing, svc.metadata.uid):
+        kube.delete("PodDisruptionBudget", svc.namespace, name)
+
+
+def _prepare(
+    kube: Kube, svc: SlimSpecService, prep: PrepStatus, found: Found, hf_endpoint: str | None
+) -> bool:
+    """Create the cache claim and the preparation Job when missing; True if the Job was
+    created now."""
+    owner = _owner_meta(svc)
+    claim = cache_claim(svc, owner)
+    if claim is not None and not any(
+        k == "PersistentVolumeClaim" and o is not None for k, _, o in found
+    ):
+        kube.create(claim)  # created once: a claim's size and class are fixed
+    if prep.state != "Missing":
+        return False
+    account = m.engine_account_name(svc.name)
+    kube.create(prep_job(svc, prep.prep, owner, account, hf_endpoint))
+    return True
+
+
+def _drop_unused_jobs(kube: Kube, svc: SlimSpecService, keep: set[str]) -> None:
+    """Preparation Jobs of templates that no longer exist (a finished rollout's old one)."""
+    for job in kube.owned("Job", svc.namespace, svc.name, svc.metadata.uid):
+        meta = job["metadata"]
+        if (meta.get("labels") or {}).get("app.kubernetes.io/name") != PREP_NAME:
+            continue
+        if (meta.get("annotations") or {}).get(KEY_ANNOTATION) not in keep:
+            kube.delete("Job", svc.namespace, meta["name"])
 
 
 def _execute(kube: Kube, svc: SlimSpecService, plan: Plan, observed: Observed) -> None:
@@ -104,31 +200,110 @@ def _execute(kube: Kube, svc: SlimSpecService, plan: Plan, observed: Observed) -
         kube.apply(m.service(svc, selected))  # keep port/type in line with the spec
 
 
+def _degraded_changed(status_in: Mapping[str, Any], reason: str, message: str) -> bool:
+    cond = get_condition(status_in.get("conditions"), "Degraded") or {}
+    return (cond.get("status"), cond.get("reason"), cond.get("message")) != (
+        "True",
+        reason,
+        message,
+    )
+
+
+def _refuse(
+    kube: Kube,
+    meta: Mapping[str, Any],
+    status_in: Mapping[str, Any],
+    status: Mapping[str, Any],
+    reason: str,
+    message: str,
+    now: datetime,
+    emit: EventSink | None,
+) -> None:
+    """Write status saying why nothing was done; tell it in an Event when it is news."""
+    gen = int(meta.get("generation") or 0)
+    if emit is not None and _degraded_changed(status_in, reason, message):
+        emit("Warning", reason, message)
+    _write_status(
+        kube, meta, refused(status, reason, message, gen, now), meta.get("resourceVersion")
+    )
+
+
+def short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
+
+
 def reconcile(
-    kube: Kube, body: Mapping[str, Any], now: datetime, emit: EventSink | None = None
-) -> Plan:
+    kube: Kube,
+    body: Mapping[str, Any],
+    now: datetime,
+    emit: EventSink | None = None,
+    hf_endpoint: str | None = None,
+) -> Plan | None:
     """Bring the cluster in line with `body`; raises ApiError 409 when the object
     changed since `body` was read (the caller re-reads and runs again)."""
-    svc = SlimSpecService.from_body(body)
-    rv: str | None = body.get("metadata", {}).get("resourceVersion")
-    _apply_support_objects(kube, svc)
-    seed = compression_patch(svc, ratio_in_force(svc), format_time(now))
-    if seed is not None:
-        patch: dict[str, Any] = {"status": {"compression": seed}}
-        if rv:
-            patch["metadata"] = {"resourceVersion": rv}
-        rv = kube.merge_patch(KIND, svc.namespace, svc.name, patch, "status")["metadata"].get(
-            "resourceVersion"
-        )
+    meta = body["metadata"]
+    status_in: Mapping[str, Any] = body.get("status") or {}
+    try:
+        svc = SlimSpecService.from_body(body)
+    except ValidationError as exc:  # stored under an older CRD, say; the CRD refuses it now
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        text = short(f"spec cannot be read: {where}: {first.get('msg', '')}")
+        _refuse(kube, meta, status_in, status_in, INVALID_SPEC, text, now, emit)
+        return None
+    rv: str | None = meta.get("resourceVersion")
+    prep_spec = preparation(svc)
+    found: Found = [
+        (kind, name, kube.get(kind, svc.namespace, name))
+        for kind, name in writable_names(svc, prep_spec)
+    ]
+    observed = observe(kube, svc, now, found)
+    prep: PrepStatus | None = None
+    if prep_spec is not None:
+        job = next((o for k, _, o in found if k == "Job"), None)
+        prep = PrepStatus(prep_spec, *job_state(job))
+        if prep.state == "Missing" and any(
+            d.preparation_key == prep_spec.key for d in observed.deployments
+        ):  # its Job is gone (deleted by hand), but a Deployment runs on what it made
+            prep = PrepStatus(prep_spec, "Succeeded")
+    plan = plan_rollout(desired_of(svc, prep), observed)
+    status = build_status(svc, plan, observed, now, prep)
 
-    observed = observe(kube, svc, now)
-    plan = plan_rollout(desired_of(svc), observed)
-    status = build_status(svc, plan, observed, now)
-    if plan.failed_hash and plan.failed_hash != observed.failed_hash:
-        # Record the failure before deleting the Deployment, so a crash in
-        # between cannot make the next round start the same rollout again.
-        rv = _write_status(kube, svc, status, rv)
-    _execute(kube, svc, plan, observed)
+    taken = conflicts(found, svc.metadata.uid)
+    if taken:
+        if any(c.kind == "Service" for c in taken):
+            status.pop("url", None)  # that URL reaches someone else's pods
+        text = conflict_message(taken)
+        _refuse(kube, meta, status_in, status, RESOURCE_CONFLICT, text, now, emit)
+        return plan
+
+    try:
+        _apply_support_objects(kube, svc)
+        if prep is not None and _prepare(kube, svc, prep, found, hf_endpoint) and emit:
+            emit("Normal", "PreparingModel", f"started Job {prep.prep.job_name}")
+        seed = compression_patch(svc, ratio_in_force(svc), format_time(now))
+        if seed is not None:
+            patch: dict[str, Any] = {"status": {"compression": seed}}
+            if rv:
+                patch["metadata"] = {"resourceVersion": rv}
+            rv = kube.merge_patch(KIND, svc.namespace, svc.name, patch, "status")["metadata"].get(
+                "resourceVersion"
+            )
+        if plan.failed_hash and plan.failed_hash != observed.failed_hash:
+            # Record the failure before deleting the Deployment, so a crash in
+            # between cannot make the next round start the same rollout again.
+            rv = _write_status(kube, meta, status, rv)
+        _execute(kube, svc, plan, observed)
+    except ApiError as exc:
+        if exc.status not in (400, 422):
+            raise
+        text = short(f"the API server refused an object built from the spec: {exc.message}")
+        current = dict(meta, resourceVersion=rv)
+        _refuse(kube, current, status_in, status, INVALID_SPEC, text, now, emit)
+        return plan
+    keep = {d.preparation_key for d in observed.deployments} | ({prep.prep.key} if prep else set())
+    _drop_unused_jobs(kube, svc, keep)
     # The events report the actions just taken: tell them even if the status
     # write below loses a race (the re-plan will not take those actions again).
     for ev in plan.events:
@@ -136,7 +311,11 @@ def reconcile(
             ROLLOUTS_TOTAL.labels(_EVENT_METRIC[ev.reason]).inc()
         if emit is not None:
             emit(ev.type, ev.reason, ev.message)
-    _write_status(kube, svc, status, rv)
+    failed = plan.degraded
+    news = _degraded_changed(status_in, failed.reason, failed.message)
+    if emit and failed.reason == "PreparationFailed" and news:
+        emit("Warning", failed.reason, failed.message)
+    _write_status(kube, meta, status, rv)
 
     ROLLOUT_IN_PROGRESS.labels(svc.namespace, svc.name).set(1 if plan.rollout_version else 0)
     return plan

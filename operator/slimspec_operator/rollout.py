@@ -34,6 +34,8 @@ class ObservedDeployment:
     current_replicas: int = 0  # status.replicas
     generation: int = 1
     observed_generation: int = 1
+    preparation_key: str = ""  # the model preparation this template runs on ("" = none)
+    artifact: str = ""  # its calibration artifact ("" = not calibrated by the operator)
 
     def ready_for(self, replicas: int) -> bool:
         """All wanted replicas ready, judged on status the controller has caught up with."""
@@ -47,6 +49,10 @@ class Desired:
     version: str
     replicas: int
     ready_timeout_s: float
+    # Model preparation (downloads, calibration) the template needs first: its
+    # Deployment is created only once this is done (model_prep.py).
+    prepared: bool = True
+    preparation_failed: str | None = None  # why the preparation Job failed
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,8 @@ def plan_rollout(desired: Desired, observed: Observed) -> Plan:
             serving = bridges[0]
             p.actions.append(SwitchService(serving.template_hash))
 
+    if new is None and not desired.prepared and desired.template_hash != observed.failed_hash:
+        return _preparing(desired, observed, serving, p)
     if serving is None or serving.template_hash == desired.template_hash:
         return _steady(desired, observed, new, p)
     if desired.template_hash == observed.failed_hash:
@@ -153,6 +161,29 @@ def _delete_others(observed: Observed, keep: set[str], p: Plan) -> None:
     for d in observed.deployments:
         if d.template_hash not in keep:
             p.actions.append(DeleteDeployment(d.name))
+
+
+def _preparing(
+    desired: Desired, observed: Observed, serving: ObservedDeployment | None, p: Plan
+) -> Plan:
+    """The desired template's models are still being prepared (or that failed): keep
+    what serves, serving, and create nothing for the new template yet."""
+    keep = {serving.template_hash} if serving is not None else set()
+    if serving is not None:
+        if serving.replicas != desired.replicas:
+            p.actions.append(ScaleDeployment(serving.name, desired.replicas))
+        p.serving_hash, p.serving_version = serving.template_hash, serving.version
+        if serving.version != desired.version:
+            p.rollout_version = desired.version
+    _delete_others(observed, keep, p)
+    if desired.preparation_failed is not None:
+        text = f"preparing {desired.version} failed: {desired.preparation_failed}"
+        p.progressing = Cond(False, "PreparationFailed", text)
+        p.degraded = Cond(True, "PreparationFailed", text)
+        p.done = True
+    else:
+        p.progressing = Cond(True, "PreparingModel", f"preparing the models of {desired.version}")
+    return p
 
 
 def _steady(desired: Desired, observed: Observed, new: ObservedDeployment | None, p: Plan) -> Plan:

@@ -8,6 +8,7 @@ tests/operator/test_crd.py checks that the two agree field by field.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -16,11 +17,32 @@ from pydantic.alias_generators import to_camel
 
 from .contract import DEFAULT_QUALITY_THRESHOLD, MAX_RATIO, FallbackStrategy
 from .queries import DEFAULT_QUERIES
+from .spec_pod import (
+    DNS_SUBDOMAIN,
+    SECRET_KEY,
+    CalibrationSpec,
+    DisruptionBudgetSpec,
+    EngineSpec,
+    ModelCacheSpec,
+    PodSpec,
+    RequiredDnsName,
+    ResourcesSpec,
+)
 
 DEFAULT_IMAGE = "ghcr.io/slimspec/engine:0.1.0"
 
+# The CRD's patterns (crds/slimspecservice.yaml says why each is what it is).
+IMAGE_PATTERN = (
+    r"^((([a-zA-Z0-9]|[a-zA-Z0-9][-a-zA-Z0-9]*[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9]"
+    r"[-a-zA-Z0-9]*[a-zA-Z0-9]))*|\[[0-9a-fA-F:]+\])(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)"
+    r"[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*(:[A-Za-z0-9_][-A-Za-z0-9_.]{0,127})?"
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+GIT_REF = r"^[A-Za-z0-9_]([-A-Za-z0-9_+]|[./][-A-Za-z0-9_+])*$"
+DOTDOT_SEGMENT = re.compile(r"(^|/)[.][.](/|$)")
+
 Ratio = Annotated[float, Field(ge=0.0, le=MAX_RATIO)]
-Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Query = Annotated[str, StringConstraints(max_length=1024)]
 
 
 class _Model(BaseModel):
@@ -30,15 +52,20 @@ class _Model(BaseModel):
 
 
 class PvcSource(_Model):
-    claim_name: str = Field(min_length=1, max_length=253)
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
     path: str = Field("", max_length=1024)
     read_only: bool = True
 
     @model_validator(mode="after")
     def _inside_volume(self) -> PvcSource:
-        if ".." in self.path:
-            raise ValueError("path must not contain '..'")
+        if DOTDOT_SEGMENT.search(self.path):
+            raise ValueError("path must not have a '..' segment (it would leave the volume)")
         return self
+
+
+class SecretKeyRef(_Model):
+    name: RequiredDnsName
+    key: str = Field("token", min_length=1, max_length=253, pattern=SECRET_KEY)
 
 
 class HuggingFaceSource(_Model):
@@ -47,7 +74,8 @@ class HuggingFaceSource(_Model):
         max_length=256,
         pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$",
     )
-    revision: Text = "main"
+    revision: str = Field("main", min_length=1, max_length=256, pattern=GIT_REF)
+    token_secret: SecretKeyRef | None = None
 
 
 class ModelSource(_Model):
@@ -59,6 +87,8 @@ class ModelSource(_Model):
     def _has_its_block(self) -> ModelSource:
         if getattr(self, self.source) is None:
             raise ValueError(f"source: {self.source} needs the {self.source} field")
+        if self.pvc is not None and self.huggingface is not None:
+            raise ValueError("pvc and huggingface are mutually exclusive")
         return self
 
 
@@ -96,12 +126,6 @@ class BatchingSpec(_Model):
     max_queue: int = Field(64, ge=1, le=100000)
 
 
-class ResourcesSpec(_Model):
-    gpu: int = Field(1, ge=0, le=16)
-    memory: str | int = "16Gi"  # Kubernetes quantities; the CRD allows int-or-string
-    cpu: str | int = "2"
-
-
 class ServiceSpec(_Model):
     port: int = Field(8080, ge=1, le=65535)
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
@@ -111,20 +135,32 @@ class RolloutSpec(_Model):
     ready_timeout_seconds: int = Field(600, ge=1, le=86400)
 
 
+class PrometheusAuth(_Model):
+    type: Literal["bearer", "basic"]
+    secret_name: RequiredDnsName
+
+
+class PrometheusTls(_Model):
+    ca_secret_name: RequiredDnsName
+    ca_key: str = Field("ca.crt", min_length=1, max_length=253, pattern=SECRET_KEY)
+
+
 class PrometheusSpec(_Model):
-    url: str = Field("http://prometheus.monitoring:9090", pattern=r"^https?://")
+    url: str = Field("http://prometheus.monitoring:9090", max_length=1024, pattern=r"^https?://")
     timeout_seconds: float = Field(5.0, gt=0.0, le=60.0)
+    auth: PrometheusAuth | None = None
+    tls: PrometheusTls | None = None
 
 
 class QueriesSpec(_Model):
     """PromQL templates; unset = built-in (queries.DEFAULT_QUERIES)."""
 
-    p99_latency: str = DEFAULT_QUERIES["p99Latency"]
-    request_rate: str = DEFAULT_QUERIES["requestRate"]
-    mean_accepted_length: str = DEFAULT_QUERIES["meanAcceptedLength"]
-    fallback_rate: str = DEFAULT_QUERIES["fallbackRate"]
-    kept_acceptance: str = DEFAULT_QUERIES["keptAcceptance"]
-    queue_depth: str = DEFAULT_QUERIES["queueDepth"]
+    p99_latency: Query = DEFAULT_QUERIES["p99Latency"]
+    request_rate: Query = DEFAULT_QUERIES["requestRate"]
+    mean_accepted_length: Query = DEFAULT_QUERIES["meanAcceptedLength"]
+    fallback_rate: Query = DEFAULT_QUERIES["fallbackRate"]
+    kept_acceptance: Query = DEFAULT_QUERIES["keptAcceptance"]
+    queue_depth: Query = DEFAULT_QUERIES["queueDepth"]
 
 
 class TuningSpec(_Model):
@@ -191,13 +227,18 @@ class TuningView(_Model):
 class SlimSpecServiceSpec(TuningView):
     """The whole spec: the tuning blocks plus the model and the engine pods."""
 
-    image: str = Field(DEFAULT_IMAGE, min_length=1)
+    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=IMAGE_PATTERN)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     model: ModelSpec
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    pod: PodSpec = Field(default_factory=PodSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    disruption_budget: DisruptionBudgetSpec = Field(default_factory=DisruptionBudgetSpec)
+    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec)
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
 
 
 class Meta(_Model):

@@ -8,19 +8,50 @@ map-list keyed by type, and the reconciler applies only its own entries).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .conditions import set_condition
-from .manifests import selector_string
+from .manifests import selector_string, status_url
+from .model_prep import Preparation, State, job_name
 from .rollout import Observed, Plan
 from .spec import SlimSpecService
 
 OWNED_CONDITIONS = ("Ready", "Progressing", "Degraded")
+INVALID_SPEC = "InvalidSpec"
+# Status fields the reconciler owns (server-side apply: a field it leaves out of a
+# write is removed, so a write that cannot compute them carries the old values).
+OWNED_FIELDS = (
+    "observedGeneration",
+    "replicas",
+    "readyReplicas",
+    "selector",
+    "url",
+    "models",
+    "servedVersion",
+    "rolloutVersion",
+    "templateHash",
+    "failedTemplateHash",
+    "failedVersion",
+)
+
+
+@dataclass(frozen=True)
+class PrepStatus:
+    """The desired template's model preparation, as observed."""
+
+    prep: Preparation
+    state: State
+    message: str = ""
 
 
 def build_status(
-    svc: SlimSpecService, plan: Plan, observed: Observed, now: datetime
+    svc: SlimSpecService,
+    plan: Plan,
+    observed: Observed,
+    now: datetime,
+    prep: PrepStatus | None = None,
 ) -> dict[str, Any]:
     conditions: list[dict[str, Any]] = list(svc.status.get("conditions") or [])
     gen = svc.metadata.generation
@@ -50,8 +81,12 @@ def build_status(
         "replicas": current,
         "readyReplicas": ready,
         "selector": selector_string(svc.name),
+        "url": status_url(svc),
         "conditions": [c for c in conditions if c["type"] in OWNED_CONDITIONS],
     }
+    models = models_status(svc, plan, observed, prep)
+    if models:
+        status["models"] = models
     if plan.serving_version is not None:
         status["servedVersion"] = plan.serving_version
     if plan.serving_hash is not None:
@@ -80,3 +115,55 @@ def compression_patch(svc: SlimSpecService, ratio: float, now_text: str) -> dict
             return None
         reason = "Spec"
     return {"ratio": ratio, "reason": reason, "lastChangeTime": now_text}
+
+
+def models_status(
+    svc: SlimSpecService, plan: Plan, observed: Observed, prep: PrepStatus | None
+) -> list[dict[str, Any]]:
+    """status.models: the preparation of the served template and of the desired one."""
+    out: list[dict[str, Any]] = []
+    served = next((d for d in observed.deployments if d.template_hash == plan.serving_hash), None)
+    if (
+        served is not None
+        and served.preparation_key
+        and (prep is None or served.preparation_key != prep.prep.key)
+    ):
+        entry = {
+            "version": served.version,
+            "key": served.preparation_key,
+            "job": job_name(svc.name, served.preparation_key),
+            "state": "Succeeded",
+            "calibration": "Calibrated" if served.artifact else "Disabled",
+        }
+        out.append(entry | ({"artifact": served.artifact} if served.artifact else {}))
+    if prep is not None:
+        p = prep.prep
+        state = "Pending" if prep.state == "Missing" else prep.state
+        entry = {"version": svc.spec.model.version, "key": p.key, "job": p.job_name, "state": state}
+        if p.artifact is None:
+            entry["calibration"] = "Disabled"
+        else:
+            entry["calibration"] = "Calibrated" if state == "Succeeded" else "Pending"
+            entry["artifact"] = p.artifact
+        if prep.message:
+            entry["message"] = prep.message
+        out.append(entry)
+    return out
+
+
+def refused(
+    status: Mapping[str, Any], reason: str, message: str, generation: int, now: datetime
+) -> dict[str, Any]:
+    """`status` (the reconciler's fields) with the round refused: Degraded=True and
+    Progressing=False with `reason`; Ready left as it was computed or last written."""
+    out = {k: v for k, v in status.items() if k in OWNED_FIELDS}
+    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
+    if not any(c.get("type") == "Ready" for c in conditions):
+        conditions = set_condition(
+            conditions, "Ready", False, reason, "not reconciled", generation, now
+        )
+    conditions = set_condition(conditions, "Progressing", False, reason, message, generation, now)
+    conditions = set_condition(conditions, "Degraded", True, reason, message, generation, now)
+    out["conditions"] = [c for c in conditions if c["type"] in OWNED_CONDITIONS]
+    out["observedGeneration"] = generation
+    return out

@@ -2,7 +2,10 @@
 
 Thin: each firing runs one tuning tick (tuning_tick.py) with the process's one
 API client and the resource's memory, which lives in Kopf's memo (lost on
-restart, by design). Nothing here decides anything.
+restart, by design). Kopf's memo is per resource and dropped when the resource
+is gone, so nothing needs a deletion handler (which would also make Kopf keep a
+copy of the spec in an annotation: see handlers.py). Nothing here decides
+anything.
 
 Environment: SLIMSPEC_TUNING_TICK_SECONDS (timer period, default 5; each
 resource is evaluated every spec.tuning.intervalSeconds).
@@ -35,8 +38,3 @@ async def tuning_timer(
         await tick(body, mem, shared(), now)
     except ApiError as exc:
         logger.warning("tuning: API error %s; retrying next tick", exc)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def forget(uid: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.get(MEMO_KEY, {}).pop(uid, None)

@@ -37,6 +37,7 @@ from .conditions import format_time
 from .contract import (
     API_VERSION,
     KEDA_API_VERSION,
+    KEDA_AUTH_KIND,
     KEDA_KIND,
     KEDA_PLURAL,
     KIND,
@@ -45,7 +46,8 @@ from .contract import (
     configmap_name,
 )
 from .kube import ApiError, Kube
-from .prom import PromClient
+from .ownership import owned_by
+from .prom_auth import run_queries, trigger_auth_name, trigger_authentication, with_trigger_auth
 from .queries import queries_for, sample_from
 from .rollout import Event
 from .spec import TuningView
@@ -75,6 +77,7 @@ class Memory:
     state: TickMemory = field(init=False)  # what the decisions remember
     last_tick: datetime | None = None
     keda_applied: bool = False  # a ScaledObject was applied (or its absence reported)
+    keda_conflict_reported: bool = False  # a foreign KEDA object of our name, said once
 
     def __post_init__(self) -> None:
         self.state = TickMemory(started=self.started)
@@ -99,7 +102,7 @@ async def tick(
     await asyncio.to_thread(reconcile_keda, kube, body, view, mem)
 
     for attempt in range(CONFLICT_RETRIES + 1):
-        sample = await read_sample(view, ns, name, now) if controlling(view) else None
+        sample = await read_sample(view, ns, name, now, kube) if controlling(view) else None
         status = body.get("status") or {}
         inp = TickInput(view, status, meta.get("generation"), sample, mem.state, now, dry_run)
         plan = plan_tick(inp)
@@ -132,10 +135,12 @@ def _view(body: Mapping[str, Any]) -> TuningView | None:
         return None
 
 
-async def read_sample(view: TuningView, namespace: str, name: str, now: datetime) -> Sample:
-    async with PromClient(view.prometheus.url, view.prometheus.timeout_seconds) as prom:
-        results = await prom.query_many(queries_for(view, namespace, name, view.scaling))
-    return sample_from(now, results)
+async def read_sample(
+    view: TuningView, namespace: str, name: str, now: datetime, kube: Kube | None = None
+) -> Sample:
+    """The tick's queries, with the resource's Prometheus credentials (prom_auth.py)."""
+    queries = queries_for(view, namespace, name, view.scaling)
+    return sample_from(now, await run_queries(kube, namespace, view.prometheus, queries))
 
 
 def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any] | None) -> None:
@@ -219,7 +224,9 @@ def reconcile_keda(kube: Kube, body: Mapping[str, Any], view: TuningView, mem: M
     ns, name = meta["namespace"], meta["name"]
     if not view.keda:
         if mem.keda_applied:
-            kube.delete(KEDA_KIND, ns, name)
+            uid = meta.get("uid", "")
+            _delete_owned(kube, KEDA_KIND, ns, name, uid)
+            _delete_owned(kube, KEDA_AUTH_KIND, ns, trigger_auth_name(name), uid)
             mem.keda_applied = False
         return
     if not kube.serves(KEDA_API_VERSION, KEDA_PLURAL):
@@ -229,6 +236,36 @@ def reconcile_keda(kube: Kube, body: Mapping[str, Any], view: TuningView, mem: M
             post_event(kube, body, Event("Warning", "KedaNotInstalled", message))
             mem.keda_applied = True  # remembered as "reported"; nothing to delete
         return
-    obj = scaled_object_for(view, ns, name, meta.get("uid", ""))
+    uid = meta.get("uid", "")
+    obj = with_trigger_auth(scaled_object_for(view, ns, name, uid), view.prometheus, name)
+    auth = trigger_authentication(view.prometheus, ns, name, uid)
+    if not _may_write(kube, body, [obj] + ([auth] if auth else []), mem):
+        return
+    if auth is not None:
+        kube.apply(auth, manager=TUNER_FIELD_MANAGER)
     kube.apply(obj, manager=TUNER_FIELD_MANAGER)
     mem.keda_applied = True
+
+
+def _may_write(
+    kube: Kube, body: Mapping[str, Any], objs: list[dict[str, Any]], mem: Memory
+) -> bool:
+    """Never adopt a KEDA object of that name made by someone else (ownership.py)."""
+    uid = body["metadata"].get("uid", "")
+    for obj in objs:
+        meta = obj["metadata"]
+        found = kube.get(obj["kind"], meta["namespace"], meta["name"])
+        if found is not None and not owned_by(found, uid):
+            if not mem.keda_conflict_reported:
+                text = f"{obj['kind']} {meta['name']} exists and is not owned by this {KIND}"
+                post_event(kube, body, Event("Warning", "ResourceConflict", text))
+                mem.keda_conflict_reported = True
+            return False
+    mem.keda_conflict_reported = False
+    return True
+
+
+def _delete_owned(kube: Kube, kind: str, namespace: str, name: str, uid: str) -> None:
+    found = kube.get(kind, namespace, name)
+    if found is not None and owned_by(found, uid):
+        kube.delete(kind, namespace, name)

@@ -341,7 +341,9 @@ def test_operator_reconciles_the_example_with_the_charts_rbac(
         core.read_namespaced_service_account(f"{name}-engine", namespace)
         rbac.read_namespaced_role(f"{name}-engine", namespace)
         rbac.read_namespaced_role_binding(f"{name}-engine", namespace)
-        assert core.read_namespaced_secret(f"{name}-admin", namespace).data["token"]
+        uid = custom.get_namespaced_custom_object(G, V, namespace, P, name)["metadata"]["uid"]
+        assert core.read_namespaced_secret(f"{name}-admin-{uid[:8]}", namespace).data["token"]
+        assert client.PolicyV1Api(api).read_namespaced_pod_disruption_budget(name, namespace)
 
         # Pods become ready (the test bed's stand-in kubelet): the status says Ready.
         with pod_driver.start(namespace, f"app.kubernetes.io/instance={name}"):

@@ -23,12 +23,15 @@ NAMESPACED: dict[tuple[str, str], tuple[str, ...]] = {
     ("slimspec.io", "slimspecservices/status"): ("patch",),
     ("slimspec.io", "slimspecservices/scale"): ("patch",),
     ("slimspec.io", "slimspecservices/finalizers"): ("update",),
-    ("apps", "deployments"): ("list", "watch", "create", "patch", "delete"),
+    ("apps", "deployments"): ("get", "list", "watch", "create", "patch", "delete"),
     ("", "services"): ("get", "create", "patch"),
     ("", "configmaps"): ("get", "list", "watch", "create", "patch"),
-    ("", "serviceaccounts"): ("create", "patch"),
-    ("rbac.authorization.k8s.io", "roles"): ("create", "patch"),
-    ("rbac.authorization.k8s.io", "rolebindings"): ("create", "patch"),
+    ("", "serviceaccounts"): ("get", "create", "patch"),
+    ("rbac.authorization.k8s.io", "roles"): ("get", "create", "patch"),
+    ("rbac.authorization.k8s.io", "rolebindings"): ("get", "create", "patch"),
+    ("policy", "poddisruptionbudgets"): ("get", "create", "patch", "delete"),
+    ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
+    ("", "persistentvolumeclaims"): ("get", "create"),
     ("", "secrets"): ("create",),
     ("", "events"): ("create",),
 }
@@ -38,7 +41,10 @@ CLUSTER: dict[tuple[str, str], tuple[str, ...]] = {
 NAMESPACES = {("", "namespaces"): ("list", "watch")}
 PEERING_NS = {("kopf.dev", "kopfpeerings"): ("list", "watch")}
 PEERING_CLUSTER = {("kopf.dev", "clusterkopfpeerings"): ("list", "watch")}
-KEDA = {("keda.sh", "scaledobjects"): ("create", "patch", "delete")}
+KEDA = {
+    ("keda.sh", "scaledobjects"): ("get", "create", "patch", "delete"),
+    ("keda.sh", "triggerauthentications"): ("get", "create", "patch", "delete"),
+}
 PEERING_NAME = "ss-slimspec-operator"  # release "ss": its own peering object only
 PEERING_NS_OWN = {("kopf.dev", "kopfpeerings", "patch", PEERING_NAME)}
 PEERING_CLUSTER_OWN = {("kopf.dev", "clusterkopfpeerings", "patch", PEERING_NAME)}
@@ -160,8 +166,28 @@ def test_no_token_minting_secret_reads_or_escalation(scope: str) -> None:
     }
     assert not {v for _, _, v, _ in t} & {"escalate", "bind", "impersonate", "*"}
     # Deletion is the garbage collector's job (owner references), except for
-    # superseded Deployments and the KEDA ScaledObject.
+    # superseded Deployments, the preparation Jobs of versions no longer in use, a
+    # PodDisruptionBudget turned off and the KEDA objects.
     assert {(g, res) for g, res, v, _ in t if v == "delete"} == {
         ("apps", "deployments"),
+        ("batch", "jobs"),
+        ("policy", "poddisruptionbudgets"),
         ("keda.sh", "scaledobjects"),
+        ("keda.sh", "triggerauthentications"),
+    }
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_prometheus_secrets_are_readable_by_name_only(scope: str) -> None:
+    """spec.prometheus.auth: the operator may get the Secrets the chart lists, no other."""
+    r = render(
+        "--set", f"rbac.scope={scope}", "--set", "rbac.prometheusSecrets={prom-auth,prom-ca}"
+    )
+    t: set[Grant] = set()
+    for doc in r.of_kind("ClusterRole") + r.of_kind("Role"):
+        t |= triples(doc["rules"])
+    assert {(v, name) for _, res, v, name in t if res == "secrets"} == {
+        ("create", "*"),
+        ("get", "prom-auth"),
+        ("get", "prom-ca"),
     }

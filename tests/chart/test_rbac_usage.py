@@ -58,7 +58,23 @@ NOT_EXERCISED: dict[Use, str] = {
         "held because the engines' Role grants it (RBAC lets the operator grant only what it holds)"
     ),
     ("", "configmaps", "watch"): "held because the engines' Role grants it",
-    ("", "configmaps", "get"): "held because the engines' Role grants it",
+    ("policy", "poddisruptionbudgets", "delete"): (
+        "a PodDisruptionBudget turned off (disruptionBudget.enabled: false): "
+        "tests/operator/test_cluster_pod_settings.py"
+    ),
+    ("batch", "jobs", "get"): (
+        "model preparation, only with a huggingface source or calibration: "
+        "tests/operator/test_cluster_model_prep.py"
+    ),
+    ("batch", "jobs", "create"): "model preparation: tests/operator/test_cluster_model_prep.py",
+    ("batch", "jobs", "delete"): (
+        "the preparation Job of a version no longer in use: "
+        "tests/operator/test_cluster_model_prep.py"
+    ),
+    ("", "persistentvolumeclaims", "get"): (
+        "the model cache claim, with model preparation: tests/operator/test_cluster_model_prep.py"
+    ),
+    ("", "persistentvolumeclaims", "create"): "the model cache claim, with model preparation",
     ("", "events", "create"): (
         "Kopf's warnings and the tuner's events: none in a clean run "
         "(tests/tuning/test_handlers_cluster.py sees the tuner's)"

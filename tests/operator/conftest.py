@@ -65,6 +65,7 @@ class OperatorProcess:
         """namespace=None: cluster-wide. extra: more CLI flags (replacing --standalone)."""
         self.kubeconfig, self.namespace, self.log_path = kubeconfig, namespace, log
         self.extra = extra
+        self.env: dict[str, str] = {}  # more environment (e.g. SLIMSPEC_HF_ENDPOINT)
         self.interval = "1"  # SLIMSPEC_RECONCILE_INTERVAL
         self.metrics_port = free_port()
         self.liveness_port = free_port()
@@ -78,6 +79,7 @@ class OperatorProcess:
             SLIMSPEC_TUNING_TICK_SECONDS="3600",  # the tuner has its own tests
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.env)
         argv = [
             sys.executable,
             "-m",

@@ -156,7 +156,9 @@ def test_status_conditions_printer_columns_scale_and_ratio(
             "URL",
             "AGE",
         ]
-        assert row.split()[:7] == ["chat", "True", "v1", "v1", "0.3", "2", "2"]
+        url = f"http://chat.{namespace}.svc:8080"
+        assert row.split()[:8] == ["chat", "True", "v1", "v1", "0.3", "2", "2", url]
+        assert st["url"] == url
 
         # scale subresource -> Deployment replicas, no new Deployment
         (dep,) = api.deployments()

@@ -125,6 +125,48 @@ CASES = [
     ("metadata.name", "c" * 53, "metadata.name must be at most 52 characters"),
 ]
 
+# The pod settings, model cache, calibration and Prometheus credentials.
+CASES += [
+    ("spec.resources", {"gpu": 2}, "gpu must be 0 or 1"),
+    ("spec.resources", {"shmSize": "lots"}, "shmSize must be a positive Kubernetes quantity"),
+    ("spec.resources", {"limits": {"memory": "0"}}, "limits.memory must be a positive"),
+    (
+        "spec.pod",
+        {"labels": {"app.kubernetes.io/instance": "other"}},
+        "pod.labels must not set app.kubernetes.io/name",
+    ),
+    ("spec.pod", {"tolerations": [{"operator": "Maybe"}]}, 'Unsupported value: "Maybe"'),
+    ("spec.pod", {"priorityClassName": "High Priority"}, "priorityClassName: Invalid value"),
+    (
+        "spec.engine",
+        {"env": [{"name": "MODEL_PATH", "value": "/elsewhere"}]},
+        "engine.env must not set a variable the operator sets",
+    ),
+    (
+        "spec.disruptionBudget",
+        {"maxUnavailable": 1, "minAvailable": 1},
+        "set maxUnavailable or minAvailable, not both",
+    ),
+    (
+        "spec.disruptionBudget",
+        {"maxUnavailable": "half"},
+        "maxUnavailable must be a non-negative number or a percentage",
+    ),
+    ("spec.modelCache", {"accessMode": "ReadOnlyMany"}, 'Unsupported value: "ReadOnlyMany"'),
+    ("spec.calibration", {"corpus": "$(HOME)"}, "spec.calibration.corpus: Invalid value"),
+    (
+        "spec.model.target",
+        _hf(tokenSecret={"name": "Not_A_Name"}),  # type: ignore[arg-type]
+        "tokenSecret.name: Invalid value",
+    ),
+    (
+        "spec.prometheus",
+        {"auth": {"type": "digest", "secretName": "prom"}},
+        'Unsupported value: "digest"',
+    ),
+    ("spec.prometheus", {"tls": {"caKey": "ca.crt"}}, "spec.prometheus.tls.caSecretName: Required"),
+]
+
 
 @pytest.mark.parametrize(
     ("path", "value", "message"), CASES, ids=[f"{p}={v!r}"[:60] for p, v, _ in CASES]
@@ -157,6 +199,14 @@ ACCEPTED = [
     ("spec.tuning", {"queries": {"p99Latency": "x" * 1024}}),
     ("spec.prometheus", {"url": "https://" + "p" * 1016}),
     ("spec.resources", {"memory": "1" * 64, "cpu": "500m"}),
+]
+
+ACCEPTED += [
+    ("spec.resources", {"gpu": 0, "limits": {"cpu": "500m"}, "shmSize": "64Mi"}),
+    ("spec.disruptionBudget", {"maxUnavailable": "25%"}),
+    ("spec.disruptionBudget", {"minAvailable": 0}),
+    ("spec.engine", {"env": [{"name": "SLIMSPEC_DTYPE", "value": "float16"}]}),
+    ("spec.pod", {"labels": {"app.kubernetes.io/part-of": "llm"}}),
 ]
 
 

@@ -70,8 +70,13 @@ MINIMAL = {
         "model": {
             "version": "v1",
             "target": {"source": "pvc", "pvc": {"claimName": "m"}},
-            "draft": {"source": "huggingface", "huggingface": {"id": "a/b"}},
-        }
+            "draft": {
+                "source": "huggingface",
+                "huggingface": {"id": "a/b", "tokenSecret": {"name": "hf"}},
+            },
+        },
+        # optional blocks without a default of their own, so their fields' defaults show
+        "prometheus": {"tls": {"caSecretName": "ca"}},
     },
 }
 

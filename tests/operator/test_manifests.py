@@ -41,6 +41,17 @@ def test_engine_container_contract():
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["resources"]["limits"] == {"memory": "16Gi", "nvidia.com/gpu": "1"}
+    # every emptyDir is size-limited; /dev/shm is one in memory
+    empty = {v["name"]: v["emptyDir"] for v in pod["volumes"] if "emptyDir" in v}
+    assert empty == {
+        "tmp": {"sizeLimit": "1Gi"},
+        "cache": {"sizeLimit": "4Gi"},
+        "dshm": {"medium": "Memory", "sizeLimit": "1Gi"},
+    }
+    mounts = {v["name"]: v["mountPath"] for v in c["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm" and mounts["tmp"] == "/tmp"
+    secret = next(v["secret"] for v in pod["volumes"] if "secret" in v)
+    assert secret["secretName"] == "chat-admin-uid-1"  # the resource's UID in the name
     assert c["resources"]["requests"] == {"cpu": "2", "memory": "16Gi"}
     sc = c["securityContext"]
     assert sc["runAsUser"] == 10001 and sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
@@ -84,31 +95,6 @@ def test_cpu_only_has_no_gpu_limit():
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
     assert c["resources"]["requests"]["cpu"] == "1"
     assert env_of(dep)["SLIMSPEC_DEVICE"]["value"] == "cpu"
-
-
-def test_huggingface_source_uses_fetch_init_container_and_cache():
-    model = {
-        "version": "v2",
-        "target": {"source": "huggingface", "huggingface": {"id": "Qwen/Q-1.5B"}},
-        "draft": {"source": "pvc", "pvc": {"claimName": "drafts"}},
-    }
-    dep = m.deployment(svc(model=model), 1)
-    pod = dep["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]
-    assert init["command"] == ["slimspec", "fetch"]
-    assert init["args"] == [
-        "--hf",
-        "Qwen/Q-1.5B",
-        "--revision",
-        "main",
-        "--out",
-        "/models/cache/target",
-    ]
-    assert init["securityContext"]["runAsUser"] == 10001
-    assert {"name": "model-cache", "emptyDir": {}} in pod["volumes"]
-    env = env_of(dep)
-    assert env["MODEL_PATH"]["value"] == "/models/cache/target"
-    assert env["DRAFT_MODEL_PATH"]["value"] == "/models/model-pvc-0"
 
 
 def test_hash_changes_with_version_and_image_not_with_ratio_or_replicas():

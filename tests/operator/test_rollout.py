@@ -172,3 +172,45 @@ def test_template_change_without_version_change_is_a_rollout_too():
     p = plan_rollout(same_version, obs(dep("aaa", "v1", ready=2), service="aaa"))
     assert p.actions == [ApplyDeployment(2)]
     assert "pod template aaa -> bbb" in p.events[0].message
+
+
+# ---------------------------------------------------------------- model preparation
+
+PREPARING_A = Desired("aaa", "v1", 2, 60, prepared=False)
+PREPARING_B = Desired("bbb", "v2", 2, 60, prepared=False)
+
+
+def test_first_version_waits_for_its_preparation():
+    p = plan_rollout(PREPARING_A, obs())
+    assert p.actions == []  # no Deployment, no Service until the models are there
+    assert p.progressing.status and p.progressing.reason == "PreparingModel"
+    assert p.serving_hash is None and not p.degraded.status
+
+
+def test_old_version_keeps_serving_while_the_new_one_is_prepared():
+    o = obs(dep("aaa", "v1", ready=2), service="aaa")
+    p = plan_rollout(PREPARING_B, o)
+    assert p.actions == []
+    assert (p.serving_version, p.rollout_version) == ("v1", "v2")
+    assert p.progressing.reason == "PreparingModel"
+    # prepared: the rollout starts as usual
+    ready = Desired("bbb", "v2", 2, 60, prepared=True)
+    assert plan_rollout(ready, o).actions == [ApplyDeployment(2)]
+
+
+def test_failed_preparation_keeps_the_old_version_and_says_so():
+    o = obs(dep("aaa", "v1", ready=2, replicas=1), service="aaa")
+    failed = Desired("bbb", "v2", 2, 60, prepared=False, preparation_failed="BackoffLimitExceeded")
+    p = plan_rollout(failed, o)
+    assert p.actions == [ScaleDeployment("chat-aaa", 2)]  # replicas still follow the spec
+    assert p.degraded.status and p.degraded.reason == "PreparationFailed"
+    assert "BackoffLimitExceeded" in p.degraded.message and "v2" in p.degraded.message
+    assert not p.progressing.status and p.done
+
+
+def test_an_existing_deployment_needs_no_preparation_check():
+    """Once a template's Deployment exists its models were prepared (it is only made
+    then); a Job deleted since must not take it down."""
+    o = obs(dep("aaa", "v1", ready=2), service="aaa")
+    p = plan_rollout(PREPARING_A, o)
+    assert p.actions == [ApplyDeployment(2)] and p.done

@@ -28,9 +28,8 @@ def _resolve(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     if "anyOf" in schema:
         options = [s for s in schema["anyOf"] if s.get("type") != "null"]
         nullable = len(options) < len(schema["anyOf"])
-        if len(options) == 1:
-            schema = {**schema, **options[0]}
-            del schema["anyOf"]
+        if len(options) == 1:  # the option may itself be a union (an optional quantity)
+            schema = {k: v for k, v in schema.items() if k != "anyOf"} | options[0]
     if "$ref" in schema:
         schema = PYDANTIC["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
     return schema, nullable

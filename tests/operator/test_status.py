@@ -108,3 +108,71 @@ def test_observe_deployment_and_service_hash():
     assert d.created_at == T0 and d.ready_for(1) and not d.ready_for(2)
     assert service_hash({"spec": {"selector": {"slimspec.io/template-hash": "aaa"}}}) == "aaa"
     assert service_hash(None) is None
+
+
+def test_url_and_models_status():
+    from slimspec_operator.model_prep import preparation
+    from slimspec_operator.status import PrepStatus
+
+    s = svc(calibration={"enabled": True})
+    st = build_status(s, plan(), observed(2), T0)
+    assert st["url"] == "http://chat.ml.svc:8080"
+    assert "models" not in st  # the served Deployment predates any preparation
+
+    prep = preparation(s)
+    assert prep is not None
+    running = build_status(s, plan(), observed(2), T0, PrepStatus(prep, "Running"))
+    assert running["models"] == [
+        {
+            "version": "v1",
+            "key": prep.key,
+            "job": prep.job_name,
+            "state": "Running",
+            "calibration": "Pending",
+            "artifact": prep.artifact,
+        }
+    ]
+    done = build_status(s, plan(), observed(2), T0, PrepStatus(prep, "Succeeded"))
+    assert done["models"][0]["calibration"] == "Calibrated"
+    failed = build_status(
+        s, plan(), observed(2), T0, PrepStatus(prep, "Failed", "DeadlineExceeded")
+    )
+    assert failed["models"][0]["message"] == "DeadlineExceeded"
+
+
+def test_served_version_keeps_its_preparation_in_status():
+    d = ObservedDeployment(
+        "chat-aaa",
+        "aaa",
+        "v1",
+        2,
+        2,
+        T0,
+        preparation_key="k1",
+        artifact="/models/cache/calibration/k1",
+    )
+    st = build_status(svc(), plan(), Observed((d,), "aaa", None, None, T0), T0)
+    assert st["models"] == [
+        {
+            "version": "v1",
+            "key": "k1",
+            "job": "chat-prep-k1",
+            "state": "Succeeded",
+            "calibration": "Calibrated",
+            "artifact": "/models/cache/calibration/k1",
+        }
+    ]
+
+
+def test_refused_round_keeps_ready_and_says_why():
+    from slimspec_operator.status import refused
+
+    st = build_status(svc(), plan(), observed(2), T0)
+    out = refused(st, "ResourceConflict", "Service chat exists ...", 3, T0)
+    c = conds(out)
+    assert c["Ready"]["status"] == "True"  # the pods still serve
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "ResourceConflict")
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "ResourceConflict")
+    assert out["selector"] == st["selector"]  # fields the reconciler owns stay
+    bare = refused({}, "InvalidSpec", "bad", 4, T0)
+    assert conds(bare)["Ready"]["status"] == "False" and bare["observedGeneration"] == 4

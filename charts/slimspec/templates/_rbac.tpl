@@ -24,10 +24,12 @@ operator deletes only superseded Deployments itself.
   resources: ["slimspecservices/finalizers"]
   verbs: ["update"]
 # One Deployment per model version (server-side apply, replica changes, delete
-# of the old version after a rollout); Kopf watches them for readiness.
+# of the old version after a rollout); Kopf watches them for readiness. "get":
+# before writing any object the operator reads it, and refuses to touch one that
+# it does not own (ownership.py); the same "get" is in the rules below.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The Service in front of the engines (read to see which version it selects).
 - apiGroups: [""]
   resources: ["services"]
@@ -41,10 +43,23 @@ operator deletes only superseded Deployments itself.
 # The engines' identity: ServiceAccount, Role and RoleBinding per SlimSpecService.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
+# The PodDisruptionBudget over the engine pods (deleted when the spec turns it off).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch", "delete"]
+# Model preparation: a Job per model version (downloads, calibration) writing
+# into a cache claim; Kopf watches the Jobs to start the rollout when one ends,
+# and the Jobs of versions no longer in use are deleted.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create"]
 # The engines' admin bearer token (preStop drain): created once, never read back.
 - apiGroups: [""]
   resources: ["secrets"]
@@ -65,10 +80,18 @@ operator deletes only superseded Deployments itself.
   verbs: ["patch"]
 {{- end }}
 {{- if .Values.rbac.keda }}
-# autoscaling.mode=keda: the tuner applies / deletes a KEDA ScaledObject.
+# autoscaling.mode=keda: the tuner applies / deletes a KEDA ScaledObject and, with
+# spec.prometheus.auth, a TriggerAuthentication (read first: never adopt another's).
 - apiGroups: ["keda.sh"]
-  resources: ["scaledobjects"]
-  verbs: ["create", "patch", "delete"]
+  resources: ["scaledobjects", "triggerauthentications"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}
+{{- with .Values.rbac.prometheusSecrets }}
+# The Prometheus credentials the tuner may read (rbac.prometheusSecrets), by name only.
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: {{ toJson . }}
+  verbs: ["get"]
 {{- end }}
 {{- end }}
 

@@ -14,6 +14,7 @@ vocabulary, zero outside the head's subset). Exactness is tested in fp32.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -50,6 +51,17 @@ from slimspec.weights.loading import (
 )
 from slimspec.weights.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
+log = logging.getLogger(__name__)
+
+
+def log_draft_head(calibrated: bool, source: str | None) -> None:
+    """Say at load which draft head this engine serves (the operator's calibration
+    reaching the pod, or not, is visible here and in slimspec_draft_head_info)."""
+    if calibrated:
+        log.info("draft head: calibrated, artifact %s", source or "(in memory)")
+    else:
+        log.info("draft head: uncalibrated fallback (no calibration artifact)")
+
 
 class SpeculativeDecoder:
     """Exact speculative decoding with a compressed draft head.
@@ -82,7 +94,11 @@ class SpeculativeDecoder:
         check_same_vocabulary(tok, dtok)
         calibration = options.pop("calibration", None)
         if calibration is None:
-            calibration = find_artifact(resolve_model_path(draft_path))
+            # SLIMSPEC_CALIBRATION: an artifact made for this model pair elsewhere (the
+            # operator's calibration Job); named explicitly, so a missing one is an error.
+            calibration = os.environ.get("SLIMSPEC_CALIBRATION") or find_artifact(
+                resolve_model_path(draft_path)
+            )
         self._setup(
             target,
             draft,
@@ -175,6 +191,8 @@ class SpeculativeDecoder:
         self.device = self.target.get_output_embeddings().weight.device
         draft_vocab = check_draft_vocabulary(self.target, self.draft, tokenizer)
         self.calibration = resolve_artifact(calibration, draft_vocab)
+        self.calibration_source = str(calibration) if isinstance(calibration, str | Path) else None
+        log_draft_head(self.calibration is not None, self.calibration_source)
         self.head = draft_head_for(self.draft.get_output_embeddings(), self.calibration, tokenizer)
         if draft_quantization == AUTO:
             draft_quantization = resolve_auto(self.draft, self.device)

@@ -163,6 +163,11 @@ class Metrics:
             "slimspec_batch_size", "Requests per decode step", buckets=BATCH_BUCKETS, registry=r
         )
         self.model_info = Info("slimspec_model", "Model being served", registry=r)
+        self.draft_head = Info(
+            "slimspec_draft_head",
+            "Draft head being served: calibrated by an artifact or the uncalibrated fallback",
+            registry=r,
+        )
         if enable_gpu and (gpu := _gpu_collector()) is not None:
             r.register(gpu)  # type: ignore[arg-type]
         self._last: dict[int, dict[str, float]] = {}
@@ -173,6 +178,13 @@ class Metrics:
 
     def set_model(self, version: str, target: str, draft: str) -> None:
         self.model_info.info({"version": version, "target": target, "draft": draft or "none"})
+
+    def set_draft_head(self, engine: Engine) -> None:
+        """slimspec_draft_head_info{calibrated, artifact} from the engine's calibration."""
+        calibrated = getattr(engine, "calibration", None) is not None
+        artifact = getattr(engine, "calibration_source", None) or ""
+        info = {"calibrated": "true" if calibrated else "false", "artifact": artifact}
+        self.draft_head.info(info)
 
     def set_settings(self, compression_ratio: float, quality_threshold: float) -> None:
         self.compression_ratio.set(compression_ratio)

@@ -177,6 +177,7 @@ class EngineService:
         self.current = served
         r = served.ref
         self.metrics.set_model(r.version, r.target, r.draft or "none")
+        self.metrics.set_draft_head(served.engine)
 
     def swap(self, ref: ModelRef, drain_timeout_s: float = 600.0) -> dict[str, Any]:
         """Load `ref` beside the current model, warm it, switch, retire the old one.

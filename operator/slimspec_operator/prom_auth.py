@@ -1,0 +1,141 @@
+"""Prometheus credentials: from Secrets for the tuner, as a TriggerAuthentication for KEDA.
+
+`spec.prometheus.auth` names a Secret in the resource's namespace (keys `token` for
+bearer, `username`/`password` for basic) and `spec.prometheus.tls` one with a CA
+bundle. The tuner reads them here on each tick (so a rotated Secret is used at
+once); the chart lets the operator `get` only the Secret names it lists
+(`rbac.prometheusSecrets`), since the resource's author chooses both the Secret and
+the URL it is sent to. KEDA gets the same credentials through a TriggerAuthentication
+`<name>-prometheus` that the operator creates (KEDA reads the Secret itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from .contract import KEDA_API_VERSION, KEDA_AUTH_KIND
+from .kube import ApiError, Kube
+from .manifests import common_labels, owner_reference
+from .prom import NO_CREDENTIALS, PromAuth, PromClient, PromError
+from .spec import PrometheusSpec
+
+Manifest = dict[str, Any]
+
+TOKEN_KEY = "token"
+USERNAME_KEY = "username"
+PASSWORD_KEY = "password"
+
+
+def trigger_auth_name(name: str) -> str:
+    return f"{name}-prometheus"
+
+
+def _secret_data(kube: Kube, namespace: str, name: str) -> dict[str, str]:
+    try:
+        secret = kube.get("Secret", namespace, name)
+    except ApiError as exc:
+        if exc.status == 403:
+            raise PromError(
+                NO_CREDENTIALS,
+                f"the operator may not read Secret {name} (list it in the chart's "
+                "rbac.prometheusSecrets)",
+            ) from exc
+        raise PromError(NO_CREDENTIALS, f"Secret {name}: HTTP {exc.status}") from exc
+    if secret is None:
+        raise PromError(NO_CREDENTIALS, f"Secret {name} does not exist")
+    data = secret.get("data") or {}
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+
+def _key(data: Mapping[str, str], secret: str, key: str) -> str:
+    value = data.get(key, "").strip()
+    if not value:
+        raise PromError(NO_CREDENTIALS, f"Secret {secret} has no key {key}")
+    return value
+
+
+def credentials(
+    spec: PrometheusSpec,
+    auth_data: Mapping[str, str] | None,
+    ca_data: Mapping[str, str] | None,
+) -> PromAuth:
+    """PromAuth from the Secrets' decoded data (pure); PromError when a key is missing."""
+    token = basic = ca = None
+    if spec.auth is not None:
+        data, secret = auth_data or {}, spec.auth.secret_name
+        if spec.auth.type == "bearer":
+            token = _key(data, secret, TOKEN_KEY)
+        else:
+            basic = (_key(data, secret, USERNAME_KEY), _key(data, secret, PASSWORD_KEY))
+    if spec.tls is not None:
+        ca = _key(ca_data or {}, spec.tls.ca_secret_name, spec.tls.ca_key)
+    return PromAuth(bearer_token=token, basic=basic, ca_pem=ca)
+
+
+def load_auth(kube: Kube, namespace: str, spec: PrometheusSpec) -> PromAuth:
+    auth_data = _secret_data(kube, namespace, spec.auth.secret_name) if spec.auth else None
+    ca_data = _secret_data(kube, namespace, spec.tls.ca_secret_name) if spec.tls else None
+    return credentials(spec, auth_data, ca_data)
+
+
+async def run_queries(
+    kube: Kube | None, namespace: str, spec: PrometheusSpec, queries: Mapping[str, str]
+) -> dict[str, float | PromError]:
+    """The tuner's queries with the resource's credentials; a credential or URL
+    problem is every query's error (so the tick holds still and says why)."""
+    try:
+        auth = None
+        if kube is not None and (spec.auth or spec.tls):
+            auth = await asyncio.to_thread(load_auth, kube, namespace, spec)
+        client = PromClient(spec.url, spec.timeout_seconds, auth=auth)
+    except PromError as err:
+        return dict.fromkeys(queries, err)
+    async with client as prom:
+        return await prom.query_many(queries)
+
+
+# ------------------------------------------------------------------ KEDA
+
+
+def trigger_authentication(
+    spec: PrometheusSpec, namespace: str, name: str, uid: str
+) -> Manifest | None:
+    """KEDA's TriggerAuthentication with the credentials' Secret; None without auth.
+
+    KEDA's Prometheus scaler takes a CA only with client certificates (its `tls`
+    mode), so a private CA is left to KEDA's own trust store (docs/deploy.md)."""
+    if spec.auth is None:
+        return None
+    secret = spec.auth.secret_name
+    if spec.auth.type == "bearer":
+        refs = [{"parameter": "bearerToken", "name": secret, "key": TOKEN_KEY}]
+    else:
+        refs = [
+            {"parameter": "username", "name": secret, "key": USERNAME_KEY},
+            {"parameter": "password", "name": secret, "key": PASSWORD_KEY},
+        ]
+    return {
+        "apiVersion": KEDA_API_VERSION,
+        "kind": KEDA_AUTH_KIND,
+        "metadata": {
+            "name": trigger_auth_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name),
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": {"secretTargetRef": refs},
+    }
+
+
+def with_trigger_auth(scaled_object: Manifest, spec: PrometheusSpec, name: str) -> Manifest:
+    """The ScaledObject's Prometheus triggers pointed at the TriggerAuthentication."""
+    if spec.auth is None:
+        return scaled_object
+    for trigger in scaled_object["spec"]["triggers"]:
+        if trigger.get("type") == "prometheus":
+            trigger["metadata"]["authModes"] = spec.auth.type
+            trigger["authenticationRef"] = {"name": trigger_auth_name(name)}
+    return scaled_object

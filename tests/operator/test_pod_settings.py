@@ -1,0 +1,194 @@
+"""Placement, pod metadata, resources, extra env/args, scratch volumes and the
+disruption budget: the spec's pod settings land in the engine pod (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from slimspec_operator import manifests as m
+from slimspec_operator.spec import SlimSpecService
+from slimspec_operator.spec_pod import RESERVED_ENV, RESERVED_LABELS
+
+from .helpers import body
+from .test_crd import CRD
+
+SPEC = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+POD = {
+    "labels": {"team": "search", "app.kubernetes.io/part-of": "llm"},
+    "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 50,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "chat"}},
+                    },
+                }
+            ]
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+        },
+        {
+            "maxSkew": 2,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"team": "search"}},
+        },
+    ],
+    "priorityClassName": "inference-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "regcred"}],
+}
+ENGINE = {
+    "env": [
+        {"name": "SLIMSPEC_DTYPE", "value": "float16"},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+    ],
+    "envFrom": [{"configMapRef": {"name": "engine-extra"}, "prefix": "X_"}],
+    "args": ["--num-draft-tokens", "4"],
+}
+
+
+def svc(**spec: Any) -> SlimSpecService:
+    return SlimSpecService.from_body(body(**spec))
+
+
+def pod_of(s: SlimSpecService) -> dict[str, Any]:
+    return m.deployment(s, 1)["spec"]["template"]
+
+
+def test_placement_and_metadata_reach_the_pod() -> None:
+    template = pod_of(svc(pod=POD))
+    pod = template["spec"]
+    assert pod["nodeSelector"] == POD["nodeSelector"]
+    assert pod["tolerations"] == POD["tolerations"]
+    assert pod["affinity"] == POD["affinity"]
+    assert pod["priorityClassName"] == "inference-high"
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    zone, host = pod["topologySpreadConstraints"]
+    # no selector given: this resource's engine pods are what is spread
+    assert zone["labelSelector"] == {
+        "matchLabels": {
+            "app.kubernetes.io/name": "slimspec-engine",
+            "app.kubernetes.io/instance": "chat",
+        }
+    }
+    assert host["labelSelector"] == {"matchLabels": {"team": "search"}}  # given: kept
+    labels, annotations = template["metadata"]["labels"], template["metadata"]["annotations"]
+    assert labels["team"] == "search" and labels["app.kubernetes.io/part-of"] == "llm"
+    assert labels["app.kubernetes.io/name"] == "slimspec-engine"  # the operator's kept
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert annotations["prometheus.io/scrape"] == "true"
+
+
+def test_no_settings_add_nothing() -> None:
+    pod = pod_of(svc())["spec"]
+    for key in (
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "topologySpreadConstraints",
+        "priorityClassName",
+        "runtimeClassName",
+        "imagePullSecrets",
+    ):
+        assert key not in pod
+    assert "envFrom" not in pod["containers"][0]
+
+
+def test_settings_change_the_template_hash() -> None:
+    base = m.desired_template_hash(svc())
+    assert m.desired_template_hash(svc(pod={"nodeSelector": {"a": "b"}})) != base
+    assert m.desired_template_hash(svc(engine={"args": ["--dtype", "float16"]})) != base
+
+
+def test_engine_extras_come_after_the_operators() -> None:
+    c = pod_of(svc(engine=ENGINE))["spec"]["containers"][0]
+    names = [e["name"] for e in c["env"]]
+    assert names[-2:] == ["SLIMSPEC_DTYPE", "HF_TOKEN"]
+    assert c["env"][-1]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert c["envFrom"] == ENGINE["envFrom"]
+    assert c["args"][0] == "serve" and c["args"][-2:] == ["--num-draft-tokens", "4"]
+
+
+def test_limits_and_scratch_sizes() -> None:
+    resources = {
+        "gpu": 1,
+        "memory": "24Gi",
+        "cpu": "4",
+        "limits": {"cpu": "8", "memory": "30Gi"},
+        "shmSize": "8Gi",
+        "tmpSize": "2Gi",
+        "cacheSize": "10Gi",
+    }
+    pod = pod_of(svc(resources=resources))["spec"]
+    c = pod["containers"][0]
+    assert c["resources"] == {
+        "requests": {"cpu": "4", "memory": "24Gi"},
+        "limits": {"cpu": "8", "memory": "30Gi", "nvidia.com/gpu": "1"},
+    }
+    empty = {v["name"]: v["emptyDir"] for v in pod["volumes"] if "emptyDir" in v}
+    assert empty["dshm"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert empty["tmp"] == {"sizeLimit": "2Gi"} and empty["cache"] == {"sizeLimit": "10Gi"}
+
+
+def test_more_than_one_gpu_is_refused() -> None:
+    with pytest.raises(ValidationError, match="gpu must be 0 or 1"):
+        svc(resources={"gpu": 2})
+
+
+def test_reserved_labels_and_env_names_are_the_ones_the_operator_sets() -> None:
+    """The CRD's CEL lists and spec_pod's lists name exactly what the builders set."""
+    template = pod_of(svc(calibration={"enabled": True}))
+    set_env = {e["name"] for e in template["spec"]["containers"][0]["env"]}
+    assert set(RESERVED_ENV) == set_env
+    deployment = m.deployment(svc(), 1)
+    assert set(RESERVED_LABELS) == set(deployment["spec"]["template"]["metadata"]["labels"])
+    crd_text = yaml.safe_dump(SPEC)
+    for name in (*RESERVED_ENV, *RESERVED_LABELS):
+        assert f"'{name}'" in crd_text, name
+    with pytest.raises(ValidationError, match="must not set MODEL_PATH"):
+        svc(engine={"env": [{"name": "MODEL_PATH", "value": "/x"}]})
+    with pytest.raises(ValidationError, match=r"app\.kubernetes\.io/instance"):
+        svc(pod={"labels": {"app.kubernetes.io/instance": "other"}})
+
+
+def test_disruption_budget_covers_every_engine_pod() -> None:
+    pdb = m.disruption_budget(svc())
+    assert pdb is not None
+    assert pdb["metadata"]["name"] == "chat"
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert pdb["spec"] == {
+        "selector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "slimspec-engine",
+                "app.kubernetes.io/instance": "chat",
+            }
+        },
+        "maxUnavailable": 1,
+    }
+    assert (
+        m.disruption_budget(svc(disruptionBudget={"minAvailable": "50%"}))["spec"]["minAvailable"]
+        == "50%"
+    )
+    assert m.disruption_budget(svc(disruptionBudget={"enabled": False})) is None
+    with pytest.raises(ValidationError, match="not both"):
+        svc(disruptionBudget={"minAvailable": 1, "maxUnavailable": 1})
+
+
+def test_status_url() -> None:
+    assert m.status_url(svc(service={"port": 80})) == "http://chat.ml.svc:80"
