@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slimspec.decoding.types import SamplingParams
-from slimspec.server.errors import ApiError
+from slimspec.server.errors import ApiError, error_body
 from slimspec.server.generation import (
     GenParams,
     GenState,
@@ -133,7 +133,7 @@ async def _stream(
                 yield _sse({**make_chunk(None, None), "choices": [], "usage": _usage(state)})
             yield "data: [DONE]\n\n"
         except ApiError as exc:  # e.g. deadline after the stream started
-            yield _sse({"error": {"type": exc.kind, "message": exc.message}})
+            yield _sse(error_body(exc))
         finally:
             await gen.aclose()  # cancels the request when the client went away
             _observe_ttft(service, endpoint, state)
