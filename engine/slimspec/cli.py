@@ -28,6 +28,17 @@ def read_admin_token(env: Mapping[str, str]) -> str | None:
     return token or None
 
 
+def read_api_key(env: Mapping[str, str], path: str | None = None) -> str | None:
+    """The inference routes' API key: --api-key-file, else SLIMSPEC_API_KEY_FILE (a mounted
+    Secret), else SLIMSPEC_API_KEY; blank means no key. Never logged."""
+    path = path or env.get("SLIMSPEC_API_KEY_FILE")
+    if path:
+        key = Path(path).read_text(encoding="utf-8").strip()
+        return key or None
+    key = env.get("SLIMSPEC_API_KEY", "").strip()
+    return key or None
+
+
 def env_setting(env: Mapping[str, str], var: str, key: str, default: Any) -> Any:
     """A runtime setting from the environment; an invalid value warns and falls back.
 
@@ -60,7 +71,18 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="draft model, or 'none' for target-only decoding (env DRAFT_MODEL_PATH)",
     )
     p.add_argument("--model-version", default=e("MODEL_VERSION", "unversioned"))
-    p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models")
+    p.add_argument(
+        "--served-model-name",
+        default=e("SLIMSPEC_SERVED_MODEL_NAME"),
+        help="model id in /v1/models and responses (env SLIMSPEC_SERVED_MODEL_NAME; default: "
+        "the target's registry name, or its directory's name)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        help="require 'Authorization: Bearer <key>' on the inference routes, key read from "
+        "this file (env SLIMSPEC_API_KEY_FILE, or the key itself in SLIMSPEC_API_KEY)",
+    )
     p.add_argument(
         "--dtype",
         default=e("SLIMSPEC_DTYPE", "bfloat16"),
@@ -113,7 +135,38 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--max-new-tokens", type=int, default=1024, help="upper limit of max_length / max_tokens"
     )
     p.add_argument("--max-input-tokens", type=int, default=8192)
-    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=float(e("SLIMSPEC_REQUEST_TIMEOUT", "300")),
+        help="seconds per request (env SLIMSPEC_REQUEST_TIMEOUT); the operator sizes the pod's "
+        "termination grace period from it",
+    )
+    p.add_argument(
+        "--header-timeout", type=float, default=10.0, help="seconds to receive request headers"
+    )
+    p.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds to receive a request body"
+    )
+    p.add_argument(
+        "--load-attempts",
+        type=int,
+        default=4,
+        help="model load attempts (back-off between them) before liveness fails",
+    )
+    p.add_argument(
+        "--step-watchdog",
+        type=float,
+        default=300.0,
+        help="seconds an engine step may run before liveness fails",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=512,
+        help="most prompt tokens prefilled per engine step (long prompts are prefilled in "
+        "chunks between decode steps of the other requests)",
+    )
     p.add_argument(
         "--blocked-words",
         default=e("SLIMSPEC_BLOCKED_WORDS", ""),
@@ -155,8 +208,15 @@ def num_draft_tokens(value: int) -> int | None:
     return value
 
 
+def positive(flag: str, value: float) -> Any:
+    if not value > 0:
+        raise ValueError(f"{flag} must be > 0, got {value}")
+    return value
+
+
 def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> ServerConfig
     from slimspec.server.app import ServerConfig
+    from slimspec.server.health import HealthPolicy
     from slimspec.server.postprocess import FilterRules, parse_blocked_words
     from slimspec.server.runtime_config import RuntimeSettings, validate_setting
     from slimspec.server.scheduler import SchedulerConfig
@@ -176,6 +236,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> Server
             device=args.device,
             draft_quantization=draft_quantization(args.draft_quantization),
             num_draft_tokens=num_draft_tokens(args.num_draft_tokens),
+            prefill_chunk=positive("--prefill-chunk", args.prefill_chunk),
         ),
         scheduler=SchedulerConfig(
             max_batch_size=args.max_batch_size,
@@ -185,14 +246,18 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> Server
         limits=Limits(
             max_new_tokens=args.max_new_tokens,
             max_input_tokens=args.max_input_tokens,
-            request_timeout_s=args.request_timeout,
+            request_timeout_s=positive("--request-timeout", args.request_timeout),
+            header_timeout_s=positive("--header-timeout", args.header_timeout),
+            body_timeout_s=positive("--body-timeout", args.body_timeout),
         ),
+        health=HealthPolicy(load_attempts=args.load_attempts, step_watchdog_s=args.step_watchdog),
         settings=settings,
         filters=FilterRules(parse_blocked_words(args.blocked_words)),
         admin_token=read_admin_token(env),
         runtime_configmap=args.runtime_configmap or None,
         namespace=args.namespace or _in_cluster_namespace(),
-        served_model_name=args.served_model_name,
+        served_model_name=args.served_model_name or None,
+        api_key=read_api_key(env, args.api_key_file),
         warmup=not args.no_warmup,
     )
 
@@ -211,14 +276,18 @@ def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     import uvicorn
 
     from slimspec.server.app import create_app
+    from slimspec.server.http import uvicorn_config
 
-    uvicorn.run(
+    config = uvicorn_config(
         create_app(cfg),
+        cfg.limits.header_timeout_s,
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),
-        timeout_graceful_shutdown=30,
+        # after SIGTERM, requests still running get as long as a request may take
+        timeout_graceful_shutdown=int(cfg.limits.request_timeout_s) + 1,
     )
+    uvicorn.Server(config).run()
     return 0
 
 

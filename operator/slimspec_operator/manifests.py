@@ -48,23 +48,29 @@ ENGINE_PORT = 8080
 
 ADMIN_TOKEN_DIR = "/var/run/slimspec/admin"
 CACHE_DIR = "/var/cache/slimspec"
-TERMINATION_GRACE_SECONDS = 60
+# preStop, in the order kube-proxy and other proxies need: the engine turns readiness
+# 503 at once but keeps answering for PRESTOP_SLEEP_SECONDS while the endpoint's removal
+# reaches every proxy (delay_s), then refuses new requests and finishes the ones in flight,
+# streams included (timeout_s). If the engine cannot be reached the hook still waits
+# the propagation delay. Token path and port come from the container's own env.
 PRESTOP_SLEEP_SECONDS = 5
-
-# preStop: ask the engine to drain (stop taking work, finish in-flight requests),
-# then wait so endpoint removal reaches every proxy before the process exits.
-# Token path and port come from the container's own env (set below).
-DRAIN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - PRESTOP_SLEEP_SECONDS - 10
+# The engine's --request-timeout (its default; docs/contracts.md): the longest a request
+# in flight can take, so the drain and the grace period are sized from it.
+ENGINE_REQUEST_TIMEOUT_SECONDS = 300
+DRAIN_TIMEOUT_SECONDS = ENGINE_REQUEST_TIMEOUT_SECONDS
+TERMINATION_GRACE_SECONDS = PRESTOP_SLEEP_SECONDS + DRAIN_TIMEOUT_SECONDS + 15
 _PRESTOP = f"""import json,os,time,urllib.request as u
+d=float(os.environ.get('SLIMSPEC_PRESTOP_SLEEP','{PRESTOP_SLEEP_SECONDS}'))
+t0=time.monotonic()
 try:
  t=open(os.environ['SLIMSPEC_ADMIN_TOKEN_FILE']).read().strip()
  r=u.Request('http://127.0.0.1:'+os.environ.get('PORT','{ENGINE_PORT}')+'/admin/drain',
-  data=json.dumps({{'timeout_s':{DRAIN_TIMEOUT_SECONDS}}}).encode(),method='POST',
+  data=json.dumps({{'timeout_s':{DRAIN_TIMEOUT_SECONDS},'delay_s':d}}).encode(),method='POST',
   headers={{'Authorization':'Bearer '+t,'Content-Type':'application/json'}})
- print(u.urlopen(r,timeout={DRAIN_TIMEOUT_SECONDS + 5}).read().decode())
+ print(u.urlopen(r,timeout={DRAIN_TIMEOUT_SECONDS + 5}+d).read().decode())
 except Exception as e:
  print('drain failed:',e)
-time.sleep(float(os.environ.get('SLIMSPEC_PRESTOP_SLEEP','{PRESTOP_SLEEP_SECONDS}')))
+ time.sleep(max(0.0,d-(time.monotonic()-t0)))
 """
 
 
@@ -193,16 +199,20 @@ def pod_template(svc: SlimSpecService) -> Manifest:
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": engine_resources(svc),
+        # Readiness turns 503 at the start of a drain; liveness only when the engine
+        # cannot recover (failed load after its retries, hung step, failing steps).
         "readinessProbe": {
             "httpGet": {"path": "/readyz", **probe_get},
             "periodSeconds": 5,
+            "timeoutSeconds": 2,
             "failureThreshold": 3,
         },
         "livenessProbe": {
             "httpGet": {"path": "/healthz", **probe_get},
             "initialDelaySeconds": 10,
             "periodSeconds": 10,
-            "failureThreshold": 6,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
         },
         "lifecycle": {"preStop": {"exec": {"command": ["python", "-c", _PRESTOP]}}},
         "securityContext": container_security(),

@@ -179,7 +179,13 @@ def test_draft_cost_sample_leaves_out_the_catch_up_forward():
     assert draft_forward_seconds(0.0, 0, None) is None
 
 
-def test_adaptive_skip_greedy_is_exact_and_sampling_always_drafts(tiny_weak_pair):
+def test_adaptive_skip_is_exact_for_greedy_and_seeded_sampling(tiny_weak_pair, monkeypatch):
+    """Plain target steps (k = 0) keep greedy output exact and, since a seeded row's token
+    at a position comes from that position's noise whatever the schedule, seeded sampling
+    equal to target-only sampling."""
+    from slimspec.decoding import decoder as decoder_module
+    from slimspec.server.baseline import TargetOnlyEngine
+
     target, draft = tiny_weak_pair
     dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.0)
     dec._cost.draft_ratio = 0.9  # a draft nearly as slow as the target: skipping should win
@@ -191,5 +197,10 @@ def test_adaptive_skip_greedy_is_exact_and_sampling_always_drafts(tiny_weak_pair
     assert dec.stats.drafted > 0  # ... and probing drafted again
     sp = SamplingParams(temperature=1.0, seed=1)
     dec.stats = type(dec.stats)()
-    dec.generate_batch([GenerationRequest("s", ps[0], 30, sp)])
-    assert dec.stats.draft_forwards >= dec.stats.batch_steps
+    schedule = iter([0, 2, 0, 0, 3, 1] * 20)  # plain steps mixed with drafting ones
+    monkeypatch.setattr(decoder_module, "choose_batch_k", lambda *a, **kw: next(schedule))
+    got = dec.generate_batch([GenerationRequest("s", ps[0], 30, sp)])[0].output_ids
+    assert 0 < dec.stats.draft_forwards < dec.stats.batch_steps
+    base = TargetOnlyEngine(target, tokenizer=None)
+    want = base.generate(ps[0], 30, sp).output_ids
+    assert got == want

@@ -1,4 +1,7 @@
-"""Sampling through the whole decoder follows the target distribution; a wrong rule fails."""
+"""Sampling through the whole decoder follows the target distribution; a wrong rule fails.
+
+Both exact rules are checked: rejection sampling (unseeded requests) and the Gumbel-max
+coupling (seeded requests)."""
 
 from __future__ import annotations
 
@@ -40,21 +43,26 @@ def _exact_joint(target, sp: SamplingParams) -> torch.Tensor:
     return joint
 
 
-def _speculative_joint(target, draft, sp: SamplingParams, ratio: float) -> torch.Tensor:
+def _speculative_joint(
+    target, draft, sp: SamplingParams, ratio: float, seeded: bool
+) -> torch.Tensor:
     dec = SpeculativeDecoder.from_models(
         target, draft, compression_ratio=ratio, num_draft_tokens=2, prefill_batch=256
     )
     reqs = [
-        GenerationRequest(f"s{i}", PROMPT, 2, SamplingParams(sp.temperature, sp.top_k, sp.top_p, i))
+        GenerationRequest(
+            f"s{i}",
+            PROMPT,
+            2,
+            SamplingParams(sp.temperature, sp.top_k, sp.top_p, i if seeded else None),
+        )
         for i in range(N)
     ]
     counts = torch.zeros(V, V)
     for res in dec.generate_batch(reqs):
         x1, x2 = res.output_ids
         counts[x1, x2] += 1
-    assert dec.stats.accepted < dec.stats.drafted  # rejections happened
-    assert dec.stats.accepted > 0
-    return counts / N
+    return counts / N, dec.stats
 
 
 def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -73,6 +81,15 @@ def _noise_threshold(joint: torch.Tensor) -> float:
     return (t.mean() + 5 * t.std()).item()
 
 
+def _wrong_coupling(p, noise, draft_tokens):
+    """Negative control for the coupling: accept every draft (the output then follows the
+    draft's distribution where it proposed)."""
+    choice = S.coupled_choice(p, noise)
+    k = draft_tokens.shape[1]
+    return torch.full((p.shape[0],), k, dtype=torch.long), choice[:, k]
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["rejection", "coupled"])
 @pytest.mark.parametrize(
     "sp,ratio",
     [
@@ -80,15 +97,22 @@ def _noise_threshold(joint: torch.Tensor) -> float:
         (SamplingParams(temperature=1.5, top_k=10, top_p=0.95), 0.0),
     ],
 )
-def test_sampled_outputs_follow_target_distribution(small_vocab_pair, sp, ratio, monkeypatch):
+def test_sampled_outputs_follow_target_distribution(
+    small_vocab_pair, sp, ratio, seeded, monkeypatch
+):
     target, draft = small_vocab_pair
     joint = _exact_joint(target, sp)
     threshold = _noise_threshold(joint)
-    tv = _tv(_speculative_joint(target, draft, sp, ratio), joint)
+    emp, stats = _speculative_joint(target, draft, sp, ratio, seeded)
+    assert 0 < stats.accepted < stats.drafted  # acceptances and rejections both happened
+    tv = _tv(emp, joint)
     assert tv < threshold, (tv, threshold)
     # Negative control: the same test must catch a wrong acceptance rule.
-    monkeypatch.setattr(S, "verify_rejection", _wrong_rule)
-    tv_bad = _tv(_speculative_joint(target, draft, sp, ratio), joint)
+    if seeded:
+        monkeypatch.setattr(S, "verify_coupled", _wrong_coupling)
+    else:
+        monkeypatch.setattr(S, "verify_rejection", _wrong_rule)
+    tv_bad = _tv(_speculative_joint(target, draft, sp, ratio, seeded)[0], joint)
     assert tv_bad > threshold, (tv_bad, threshold)
 
 

@@ -65,11 +65,16 @@ def test_prestop_drains_with_token_and_bounded_timeout(tmp_path: Path):
         {
             "path": "/admin/drain",
             "auth": "Bearer s3cret",
-            "body": {"timeout_s": m.DRAIN_TIMEOUT_SECONDS},
+            "body": {"timeout_s": m.DRAIN_TIMEOUT_SECONDS, "delay_s": 0.0},
         }
     ]
-    # the drain, its HTTP timeout and the sleep fit in the grace period
-    assert m.DRAIN_TIMEOUT_SECONDS + 5 + m.PRESTOP_SLEEP_SECONDS < m.TERMINATION_GRACE_SECONDS
+    # the propagation delay, then a drain as long as the longest request, fit the grace
+    # period with room for the HTTP timeout
+    assert m.DRAIN_TIMEOUT_SECONDS >= m.ENGINE_REQUEST_TIMEOUT_SECONDS
+    assert m.PRESTOP_SLEEP_SECONDS + m.DRAIN_TIMEOUT_SECONDS + 5 < m.TERMINATION_GRACE_SECONDS
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == (
+        m.TERMINATION_GRACE_SECONDS
+    )
     mount = {v["mountPath"] for v in c["volumeMounts"]}
     assert m.ADMIN_TOKEN_DIR in mount
 
@@ -86,3 +91,24 @@ def test_prestop_never_fails_the_pod_when_the_engine_is_gone(tmp_path: Path):
         [sys.executable, *cmd["command"][1:]], env=env, capture_output=True, text=True, timeout=20
     )
     assert out.returncode == 0 and "drain failed" in out.stdout
+
+
+def test_prestop_asks_the_engine_to_keep_serving_through_the_propagation_delay(tmp_path: Path):
+    """The delay goes to the engine (it keeps answering while readiness is 503); without
+    an engine the hook waits the delay itself, so the order holds either way."""
+    import time
+
+    dep = m.deployment(SlimSpecService.from_body(body()), 1)
+    cmd = dep["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]
+    assert "'delay_s':d" in cmd["command"][-1]
+    assert f"'{m.PRESTOP_SLEEP_SECONDS}'" in cmd["command"][-1]  # the default delay
+    env = {
+        "SLIMSPEC_ADMIN_TOKEN_FILE": str(tmp_path / "missing"),
+        "PORT": "1",
+        "SLIMSPEC_PRESTOP_SLEEP": "0.6",
+    }
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, *cmd["command"][1:]], env=env, capture_output=True, text=True, timeout=20
+    )
+    assert out.returncode == 0 and time.monotonic() - t0 >= 0.6

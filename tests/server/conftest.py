@@ -58,6 +58,8 @@ class TinyModels:
         }
         self.loads: list[ModelRef] = []
         self.load_delay_s: dict[str, float] = {}  # target name -> extra seconds (slow loads)
+        self.fail_loads: dict[str, int] = {}  # target name -> loads that fail before one works
+        self.hang = threading.Event()  # "-hang" engines block in step() until this is set
 
     def loader(self, ref: ModelRef) -> Any:
         import copy
@@ -67,18 +69,33 @@ class TinyModels:
 
         self.loads.append(ref)
         time.sleep(self.load_delay_s.get(ref.target, 0.0))
-        if ref.target.endswith("-slow"):  # a step takes >= 20 ms: timing tests on any machine
-            return SlowEngine(self.loader(replace(ref, target=ref.target.removesuffix("-slow"))))
+        if self.fail_loads.get(ref.target, 0) > 0:
+            self.fail_loads[ref.target] -= 1
+            raise OSError(f"simulated load failure of {ref.target}")
+        for suffix, wrap in (
+            ("-slowtok", lambda e: SlowTokenizerEngine(e)),
+            ("-hang", lambda e: HangingEngine(e, self.hang)),
+            ("-slow", lambda e: SlowEngine(e)),
+        ):
+            if ref.target.endswith(suffix):  # wrappers for timing tests on any machine
+                return wrap(self.loader(replace(ref, target=ref.target.removesuffix(suffix))))
         if ref.target not in self.models:
             raise FileNotFoundError(f"no such model {ref.target!r}")
         # each engine gets its own copies: a swap must really hold two models
         target = copy.deepcopy(self.models[ref.target])
         if not has_draft(ref):
-            return TargetOnlyEngine(target, self.tokenizer)
+            return TargetOnlyEngine(target, self.tokenizer, prefill_chunk=ref.prefill_chunk)
         from slimspec.decoding.decoder import SpeculativeDecoder
 
         draft = copy.deepcopy(self.models[ref.draft])  # type: ignore[index]
-        return SpeculativeDecoder.from_models(target, draft, self.tokenizer, compression_ratio=0.3)
+        return SpeculativeDecoder.from_models(
+            target,
+            draft,
+            self.tokenizer,
+            compression_ratio=0.3,
+            num_draft_tokens=ref.num_draft_tokens,
+            prefill_chunk=ref.prefill_chunk,
+        )
 
 
 class SlowEngine:
@@ -98,6 +115,39 @@ class SlowEngine:
         return out
 
 
+class HangingEngine(SlowEngine):
+    """Every step blocks until `release` is set (a hung engine, for the watchdog)."""
+
+    def __init__(self, inner: Any, release: threading.Event) -> None:
+        super().__init__(inner, 0.0)
+        self._release = release
+
+    def step(self) -> Any:
+        if self._inner.has_work():
+            self._release.wait()
+        return self._inner.step()
+
+
+class SlowTokenizer:
+    """A tokenizer whose encode takes 1.5 s (a huge prompt, for event-loop tests)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def encode(self, *a: Any, **kw: Any) -> Any:
+        time.sleep(1.5)
+        return self._inner.encode(*a, **kw)
+
+
+class SlowTokenizerEngine(SlowEngine):
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner, 0.0)
+        self.tokenizer = SlowTokenizer(inner.tokenizer)
+
+
 @pytest.fixture(scope="session")
 def tiny() -> TinyModels:
     return TinyModels()
@@ -111,15 +161,23 @@ def free_socket() -> socket.socket:
 
 
 @contextlib.contextmanager
-def running_server(cfg: Any, ready_timeout: float = 120.0) -> Iterator[str]:
-    """uvicorn on a random loopback port in a thread; yields the base URL once ready."""
+def running_server(
+    cfg: Any, ready_timeout: float = 120.0, wait_ready: bool = True
+) -> Iterator[str]:
+    """uvicorn on a random loopback port in a thread, configured as `slimspec serve` runs
+    it; yields the base URL once ready (or, wait_ready=False, once it answers /healthz)."""
     import uvicorn
     from slimspec.server.app import create_app
+    from slimspec.server.http import uvicorn_config
 
     app = create_app(cfg)
     sock = free_socket()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn_config(
+            app, cfg.limits.header_timeout_s, log_level="warning", timeout_graceful_shutdown=5
+        )
+    )
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -127,6 +185,9 @@ def running_server(cfg: Any, ready_timeout: float = 120.0) -> Iterator[str]:
     try:
         while True:
             try:
+                if not wait_ready:
+                    httpx.get(f"{base}/healthz", timeout=2)
+                    break
                 r = httpx.get(f"{base}/readyz", timeout=2)
                 if r.status_code == 200:
                     break
@@ -172,8 +233,8 @@ def tiny_config(tiny: TinyModels, **overrides: Any) -> Any:
 def make_server(tiny: TinyModels) -> Callable[..., Any]:
     """make_server(**ServerConfig overrides) -> context manager yielding the base URL."""
 
-    def make(**overrides: Any) -> Any:
-        return running_server(tiny_config(tiny, **overrides))
+    def make(wait_ready: bool = True, **overrides: Any) -> Any:
+        return running_server(tiny_config(tiny, **overrides), wait_ready=wait_ready)
 
     return make
 

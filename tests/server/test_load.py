@@ -63,7 +63,7 @@ def test_overload_answers_429_with_retry_after(make_server) -> None:  # type: ig
 def test_deadline_gives_504(make_server) -> None:  # type: ignore[no-untyped-def]
     limits = Limits(max_new_tokens=4000, max_input_tokens=400, request_timeout_s=0.3)
     with make_server(limits=limits, model=ModelRef("tiny-a-slow", "none", "v1", "float32")) as base:
-        r = infer(base, "slow", 4000)
+        r = infer(base, "slow", 400)  # >= 8 s of 20 ms steps, within the context
         assert r.status_code == 504 and "time limit" in r.json()["error"]["message"]
         assert infer(base, "fast", 1).status_code == 200
 

@@ -172,6 +172,7 @@ class SpeculativeDecoder:
         sibling_drafts: int | None = None,
         shadow_every: int = 8,
         prefill_batch: int = 8,
+        prefill_chunk: int = 512,
         adaptive_skip: bool = True,
         shadow_min_samples: int = 64,
         shadow_window: int = 256,
@@ -215,7 +216,12 @@ class SpeculativeDecoder:
             self.target.config.get_text_config(), "max_position_embeddings", None
         )
         self._batch = RowBatch(
-            self._verifier.base, self._drafter.base, self.device, max_positions, prefill_batch
+            self._verifier.base,
+            self._drafter.base,
+            self.device,
+            max_positions,
+            prefill_batch,
+            prefill_chunk,
         )
         self._step_lock = threading.Lock()
 
@@ -267,6 +273,11 @@ class SpeculativeDecoder:
     @property
     def target_vocab(self) -> int:
         return self._verifier.vocab
+
+    @property
+    def max_context(self) -> int | None:
+        """Most tokens (prompt + generated) a request may hold: the target's positions."""
+        return self._batch.max_positions
 
     def head_config(self, ratio: float | None = None) -> HeadConfig:
         """The concrete head used at a ratio (the ratio in force by default)."""
@@ -357,9 +368,10 @@ class SpeculativeDecoder:
         """One draft-verify-accept step for every active row."""
         batch, s = self._batch, self._settings.snapshot()
         rows, sampling = batch.rows, batch.sampling()
-        k = self._choose_k(s, sampling.all_greedy)
+        k = self._choose_k(s)
         shadow = self._shadow.due(k, s.ratio)
         k = batch.fit_context(k)
+        sampling = sampling.with_noise(k + 1, self._verifier.vocab)
         proposal = self._drafter.propose(batch, k, sampling, s.ratio, shadow)
         verdict = self._verifier.verify(batch, proposal, sampling, want_argmax=shadow)
         self._verifier.keep_accepted(batch, proposal, verdict)
@@ -373,10 +385,9 @@ class SpeculativeDecoder:
         outcomes = verdict.outcomes(proposal)
         return batch.advance(outcomes, k, proposal.seconds, verdict.seconds, self.stats)
 
-    def _choose_k(self, s: StepSettings, all_greedy: bool) -> int:
-        """The step's k: fixed, or adaptive. k = 0 (a plain target step) only for
-        all-greedy batches: sampling rows must draft so their seeded randomness stays
-        schedule-independent."""
+    def _choose_k(self, s: StepSettings) -> int:
+        """The step's k: fixed, or adaptive (k = 0 is a plain target step, unless
+        adaptive_skip is off)."""
         if s.fixed_k is not None:
             return s.fixed_k
         rows = self._batch.rows
@@ -384,7 +395,7 @@ class SpeculativeDecoder:
             [r.est.alpha for r in rows],
             [r.idle_steps for r in rows],
             self._cost.relative_costs(len(rows)),
-            0 if (all_greedy and self.adaptive_skip) else 1,
+            0 if self.adaptive_skip else 1,
             s.max_draft_tokens,
         )
         self._batch.count_idle(k)

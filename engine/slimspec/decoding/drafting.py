@@ -16,7 +16,7 @@ import torch
 
 from slimspec.decoding.kv import forward
 from slimspec.decoding.rows import RowBatch
-from slimspec.decoding.sampling import STREAM_DRAFT, BatchSampling, sample_from_probs
+from slimspec.decoding.sampling import BatchSampling
 from slimspec.draft_head.artifact import CalibrationArtifact
 from slimspec.draft_head.head import DraftHead, HeadConfig, subset_size_for_ratio
 
@@ -119,7 +119,7 @@ class HeadDrafter:
                 idx = logits.argmax(dim=-1)
             else:
                 q = sampling.warp(logits)
-                idx = sample_from_probs(q, sampling.uniforms(j, 1, STREAM_DRAFT)[:, 0])
+                idx = sampling.draft_choice(q, j, token_ids)
                 q_subset.append(q)
             tok = token_ids[idx]
             drafts.append(tok)

@@ -44,6 +44,22 @@ class Row:
         return self.seq[self.n_prompt :]
 
 
+@dataclass
+class PrefillJob:
+    """A request whose prompt is being prefilled, possibly over several steps (its own
+    caches until it joins the batch)."""
+
+    req: GenerationRequest
+    done: int = 0  # tokens of prompt[:-1] already in kv_t / kv_d
+    kv_t: BatchKV | None = None
+    kv_d: BatchKV | None = None
+    seconds: float = 0.0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.req.prompt_ids) - 1 - self.done
+
+
 @dataclass(frozen=True)
 class RowOutcome:
     """What one verification gives a row: the tokens to emit, how many drafts the target
@@ -92,6 +108,7 @@ class RowBatch:
         device: torch.device,
         max_positions: int | None,
         prefill_batch: int,
+        prefill_chunk: int = 512,
     ) -> None:
         self.rows: list[Row] = []
         self.target_kv = BatchKV(device)
@@ -101,6 +118,10 @@ class RowBatch:
         self.max_positions = max_positions
         self._target_base, self._draft_base = target_base, draft_base
         self._prefill_batch = prefill_batch
+        if prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be >= 1")
+        self.prefill_chunk = prefill_chunk  # most prompt tokens prefilled per step
+        self._prefilling: deque[PrefillJob] = deque()
         self._queue_lock = threading.Lock()
         self._pending: deque[GenerationRequest] = deque()
         self._cancelled: set[str] = set()
@@ -124,7 +145,7 @@ class RowBatch:
 
     def has_work(self) -> bool:
         with self._queue_lock:
-            return bool(self.rows or self._pending)
+            return bool(self.rows or self._pending or self._prefilling)
 
     # ----------------------------------------------------------------- step thread
     def admit(self, stats: DecoderStats) -> list[StepOutput]:
@@ -145,6 +166,10 @@ class RowBatch:
                     outputs.append(StepOutput(row.req.request_id, [], True, "cancelled"))
                     self._finish(row, "cancelled", stats)
             self._keep(keep)
+            for job in [j for j in self._prefilling if j.req.request_id in cancelled]:
+                self._prefilling.remove(job)
+                outputs.append(StepOutput(job.req.request_id, [], True, "cancelled"))
+                self._finish(Row.unstarted(job.req), "cancelled", stats)
         todo: list[GenerationRequest] = []
         for req in new:
             if req.max_new_tokens == 0:
@@ -155,9 +180,50 @@ class RowBatch:
             else:
                 todo.append(req)
         todo.sort(key=lambda r: len(r.prompt_ids))  # similar lengths together: less padding
-        for i in range(0, len(todo), self._prefill_batch):
-            self._prefill(todo[i : i + self._prefill_batch], stats)
+        self._prefilling.extend(PrefillJob(r) for r in todo)
+        self._prefill_within_budget(stats)
         return outputs
+
+    def _prefill_within_budget(self, stats: DecoderStats) -> None:
+        """Prefill at most prefill_chunk prompt tokens this step, in arrival order: prompts
+        that fit whole are prefilled together; a longer one gets a chunk now and more in
+        the next steps, so one long prompt never stalls the rows that are decoding."""
+        budget = self.prefill_chunk
+        whole: list[GenerationRequest] = []
+        while self._prefilling:
+            job = self._prefilling[0]
+            if job.done == 0 and job.remaining <= budget:
+                whole.append(self._prefilling.popleft().req)
+                budget -= job.remaining
+                continue
+            if budget <= 0:
+                break
+            n = min(job.remaining, budget)
+            self._prefill_chunk(job, n, stats)
+            budget -= n
+            if job.remaining == 0:
+                self._prefilling.popleft()
+                assert job.kv_t is not None and job.kv_d is not None
+                self.target_kv.append_rows(job.kv_t)
+                self.draft_kv.append_rows(job.kv_d)
+                self._join(job.req, job.seconds)
+        for i in range(0, len(whole), self._prefill_batch):
+            self._prefill(whole[i : i + self._prefill_batch], stats)
+
+    def _prefill_chunk(self, job: PrefillJob, n: int, stats: DecoderStats) -> None:
+        """The next n tokens of one prompt into its own caches (they join when complete)."""
+        t0 = time.perf_counter()
+        if job.kv_t is None or job.kv_d is None:
+            job.kv_t, job.kv_d = BatchKV(self.device), BatchKV(self.device)
+        ids = torch.tensor([job.req.prompt_ids[job.done : job.done + n]], device=self.device)
+        pos = torch.arange(job.done, job.done + n, device=self.device).unsqueeze(0)
+        real = torch.ones(1, n, dtype=torch.bool, device=self.device)
+        forward(self._target_base, job.kv_t, ids, pos, real)
+        forward(self._draft_base, job.kv_d, ids, pos, real)
+        job.done += n
+        elapsed = time.perf_counter() - t0
+        job.seconds += elapsed
+        stats.prefill_time_s += elapsed
 
     def _prefill(self, reqs: list[GenerationRequest], stats: DecoderStats) -> None:
         """Prefill prompt[:-1] of several requests in one forward per model, then join the
@@ -174,15 +240,20 @@ class RowBatch:
         self.draft_kv.append_rows(kv_d)
         elapsed = time.perf_counter() - t0
         stats.prefill_time_s += elapsed
-        for req, p in zip(reqs, prompts, strict=True):
-            seed = None
-            if not req.sampling.greedy:
-                seed = req.sampling.seed
-                if seed is None:
-                    seed = int.from_bytes(os.urandom(8), "little")
-            row = Row(req, p, len(p), draft_seen=len(p) - 1, seed=seed)
-            row.stats.prefill_time_s = elapsed
-            self.rows.append(row)
+        for req in reqs:
+            self._join(req, elapsed)
+
+    def _join(self, req: GenerationRequest, prefill_s: float) -> None:
+        """A prefilled request becomes a row (its caches were appended in the same order)."""
+        p = list(req.prompt_ids)
+        seed = None
+        if not req.sampling.greedy:
+            seed = req.sampling.seed
+            if seed is None:
+                seed = int.from_bytes(os.urandom(8), "little")
+        row = Row(req, p, len(p), draft_seen=len(p) - 1, seed=seed)
+        row.stats.prefill_time_s = prefill_s
+        self.rows.append(row)
 
     def draft_backlog(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids, positions, real) on the device: the tokens each row's draft cache has not

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Temperatures below this are greedy (as vLLM's sampling epsilon): dividing logits by a
+# temperature like 1e-300 overflows to inf/NaN, and such a row would sample garbage or
+# fail the batch it shares. The limit is far below any temperature that changes a sample.
+GREEDY_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen. temperature == 0 means greedy."""
+    """How the next token is chosen. temperature < GREEDY_TEMPERATURE (e.g. 0) means greedy."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
@@ -20,7 +25,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return not self.temperature >= GREEDY_TEMPERATURE  # NaN is greedy too
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,10 @@ from typing import Any
 
 import torch
 
-from slimspec.decoding import sampling as S
 from slimspec.decoding.drafting import Proposal
 from slimspec.decoding.kv import forward
 from slimspec.decoding.rows import RowBatch, RowOutcome
-from slimspec.decoding.sampling import STREAM_ACCEPT, STREAM_RESIDUAL, BatchSampling, full_vocab_q
+from slimspec.decoding.sampling import BatchSampling, full_vocab_q
 from slimspec.decoding.siblings import tree_attention, tree_positions, verify_greedy_siblings
 
 
@@ -25,23 +24,22 @@ class Verdict:
     num_accepted: torch.Tensor  # (B,) chain drafts accepted
     next_token: torch.Tensor  # (B,) the correction, the bonus, or the token after a sibling
     sibling_hit: torch.Tensor  # (B,) bool: the sibling at the break was the target's token
-    bonus: torch.Tensor  # (B,) bool: next_token is emitted (BatchSampling.bonus)
     target_argmax: torch.Tensor | None  # (B, 1+k+m) when asked for (the shadow check)
     cache_start: int  # target cache column of the verification's first slot
     seconds: float  # the phase's time
 
     def outcomes(self, proposal: Proposal) -> list[RowOutcome]:
         """Per row: the accepted drafts, then the sibling and the target's token after it
-        on a sibling hit, else the target's token where the row emits one."""
+        on a sibling hit, else the target's token (the correction or the bonus)."""
         acc, nxt = self.num_accepted.tolist(), self.next_token.tolist()
-        hit, bonus = self.sibling_hit.tolist(), self.bonus.tolist()
+        hit = self.sibling_hit.tolist()
         drafts, siblings = proposal.tokens.tolist(), proposal.siblings.tolist()
         out = []
         for i, a in enumerate(acc):
             if hit[i]:
                 emitted = [*drafts[i][:a], siblings[i][a], nxt[i]]
             else:
-                emitted = drafts[i][:a] + ([nxt[i]] if bonus[i] else [])
+                emitted = [*drafts[i][:a], nxt[i]]
             out.append(RowOutcome(emitted, a, bool(hit[i])))
         return out
 
@@ -81,21 +79,17 @@ class TargetVerifier:
         else:
             p = sampling.warp(logits)
             q = full_vocab_q(proposal.q, proposal.token_ids, self.vocab, b)
-            u_acc = sampling.uniforms(0, k, STREAM_ACCEPT)
-            u_res = sampling.uniforms(0, k + 1, STREAM_RESIDUAL)
-            num_acc, next_tok = S.verify_rejection(p, q, proposal.tokens, u_acc, u_res)
+            num_acc, next_tok = sampling.verify(p, q, proposal.tokens)
             if want_argmax:
                 argmax = logits.argmax(dim=-1)
         seconds = self._clock() - t0
-        bonus = sampling.bonus(num_acc, k)
-        return Verdict(num_acc, next_tok, hit, bonus, argmax, cache_start, seconds)
+        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds)
 
     def keep_accepted(self, batch: RowBatch, proposal: Proposal, verdict: Verdict) -> None:
-        """The target cache keeps each row's last token and accepted drafts (a row with no
-        bonus drops its last accepted draft's slot: that draft is the next first input),
-        and an accepted sibling's slot, which sits behind the chain's."""
+        """The target cache keeps each row's last token and accepted drafts, and an
+        accepted sibling's slot, which sits behind the chain's."""
         kv = batch.target_kv
-        kv.invalidate_tail(verdict.cache_start, verdict.num_accepted + verdict.bonus.long())
+        kv.invalidate_tail(verdict.cache_start, verdict.num_accepted + 1)
         if proposal.siblings.shape[1]:
             hit_rows = torch.nonzero(verdict.sibling_hit).squeeze(1)
             if hit_rows.numel():

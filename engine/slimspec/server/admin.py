@@ -77,7 +77,7 @@ async def put_runtime(request: Request) -> dict[str, Any]:
     ):
         errors.append("blocked_words must be a list of strings")
     if errors:
-        raise ApiError(422, "invalid_request", "; ".join(errors))
+        raise ApiError(422, "invalid_value", "; ".join(errors))
     service.update_settings(updates)
     if blocked is not None:
         from slimspec.server.postprocess import parse_blocked_words
@@ -133,6 +133,6 @@ async def drain(request: Request) -> dict[str, Any]:
     try:
         body = AdminDrainRequest.model_validate_json(raw) if raw.strip() else AdminDrainRequest()
     except Exception as exc:
-        raise ApiError(422, "invalid_request", f"bad drain request: {exc}") from None
-    done = await asyncio.to_thread(service.drain, body.timeout_s)
+        raise ApiError(422, "invalid_value", f"bad drain request: {exc}") from None
+    done = await asyncio.to_thread(service.drain, body.timeout_s, body.delay_s)
     return {"status": "drained" if done else "timeout", "state": service.state}

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -19,20 +17,19 @@ from slimspec.server import admin, infer, openai_api
 from slimspec.server.errors import (
     ApiError,
     api_error_handler,
-    error_response,
     http_exception_handler,
     validation_error_handler,
 )
+from slimspec.server.health import HealthPolicy
 from slimspec.server.loading import default_loader
 from slimspec.server.metrics import Metrics
+from slimspec.server.middleware import RequestGuard
 from slimspec.server.postprocess import FilterRules
 from slimspec.server.runtime_config import ConfigMapWatcher, RuntimeSettings
 from slimspec.server.scheduler import SchedulerConfig
 from slimspec.server.service import EngineService, Limits, Loader, ModelRef
 
 log = logging.getLogger(__name__)
-
-GENERATION_ENDPOINTS = ("/infer", "/v1/completions", "/v1/chat/completions")
 
 
 @dataclass
@@ -45,67 +42,13 @@ class ServerConfig:
     admin_token: str | None = None
     runtime_configmap: str | None = None
     namespace: str | None = None
-    served_model_name: str | None = None  # id in /v1/models; default: the target name
+    served_model_name: str | None = None  # id in /v1/models; default: model_name(target)
+    api_key: str | None = None  # required on the inference routes when set
+    health: HealthPolicy = field(default_factory=HealthPolicy)
     loader: Loader | None = None
     warmup: bool = True
     load_in_background: bool = True  # False: load before serving (tests, benchmarks)
     enable_gpu_metrics: bool = True
-
-
-class RequestMetricsMiddleware:
-    """Pure ASGI: body size limit, and latency/status metrics that also cover streams."""
-
-    def __init__(self, app: Any, state: Any) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        service: EngineService = self.state.service
-        limit = service.limits.max_body_bytes
-        headers = dict(scope.get("headers") or [])
-        clen = headers.get(b"content-length")
-        if clen is not None and clen.isdigit() and int(clen) > limit:
-            await self._reject(scope, receive, send, limit)
-            return
-        seen = 0
-
-        async def limited_receive() -> Any:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise ApiError(413, "body_too_large", f"body exceeds {limit} bytes")
-            return msg
-
-        if path not in GENERATION_ENDPOINTS:
-            await self.app(scope, limited_receive, send)
-            return
-        t0 = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(msg: Any) -> None:
-            nonlocal status
-            if msg["type"] == "http.response.start":
-                status = msg["status"]
-            await send(msg)
-
-        try:
-            await self.app(scope, limited_receive, send_wrapper)
-        finally:
-            m = service.metrics
-            m.requests.labels(endpoint=path, code=str(status)).inc()
-            if status < 400:
-                m.latency.labels(endpoint=path).observe(time.perf_counter() - t0)
-
-    async def _reject(self, scope: Any, receive: Any, send: Any, limit: int) -> None:
-        req = Request(scope, receive)
-        resp = error_response(req, ApiError(413, "body_too_large", f"body exceeds {limit} bytes"))
-        await resp(scope, receive, send)
 
 
 def create_app(cfg: ServerConfig) -> FastAPI:
@@ -119,6 +62,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         settings=cfg.settings,
         filters=cfg.filters,
         warmup=cfg.warmup,
+        health=cfg.health,
     )
 
     @asynccontextmanager
@@ -150,14 +94,17 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     )
     app.state.service = service
     app.state.config = cfg
-    app.add_middleware(RequestMetricsMiddleware, state=app.state)
+    app.add_middleware(RequestGuard, state=app.state)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
 
-    @app.get("/healthz", summary="Liveness")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", summary="Liveness: 503 when the engine cannot recover")
+    async def healthz() -> Response:
+        problem = service.liveness_problem()
+        if problem is None:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unhealthy", "error": problem}, 503)
 
     @app.get("/readyz", summary="Readiness: model loaded and warmed, not swapping")
     async def readyz() -> Response:

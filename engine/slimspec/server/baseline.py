@@ -7,12 +7,14 @@ step() advances every active request by one token.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from slimspec.decoding.sampling import coupled_choice, race_noise, sampling_tensors, warp_probs
 from slimspec.decoding.types import (
     GenerationRequest,
     GenerationResult,
@@ -22,26 +24,16 @@ from slimspec.decoding.types import (
 )
 
 
-def choose_token(
-    logits: torch.Tensor, sampling: SamplingParams, gen: torch.Generator | None
-) -> int:
-    """Next token from 1-D logits: greedy, or temperature/top-k/top-p sampling."""
+def choose_token(logits: torch.Tensor, sampling: SamplingParams, seed: int, position: int) -> int:
+    """Next token from 1-D logits: greedy, or the Gumbel-max sample of the warped
+    distribution under the noise of (seed, position), the rule the speculative decoder
+    uses for seeded rows, so both engines give the same text for the same seed."""
     if sampling.greedy:
         return int(torch.argmax(logits).item())
-    logits = logits.float() / sampling.temperature
-    if sampling.top_k > 0:
-        kth = torch.topk(logits, min(sampling.top_k, logits.numel())).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_p, idx = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p
-        keep[0] = True
-        mask = torch.zeros_like(probs, dtype=torch.bool)
-        mask[idx[keep]] = True
-        probs = torch.where(mask, probs, torch.zeros_like(probs))
-        probs = probs / probs.sum()
-    return int(torch.multinomial(probs, 1, generator=gen).item())
+    temperature, top_k, top_p = sampling_tensors([sampling])
+    probs = warp_probs(logits.unsqueeze(0), temperature, top_k, top_p)[0]
+    noise = race_noise(seed, position, logits.shape[-1]).to(probs.device)
+    return int(coupled_choice(probs, noise).item())
 
 
 @dataclass
@@ -50,7 +42,7 @@ class _Seq:
     cache: Any = None
     next_input: list[int] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
-    gen: torch.Generator | None = None
+    seed: int = 0  # the request's seed, or a random one (sampling requests)
     stats: RequestStats = field(default_factory=RequestStats)
 
 
@@ -65,7 +57,9 @@ class BaselineStats:
 class TargetOnlyEngine:
     """One-token-per-step decoding of the target model, step API compatible."""
 
-    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu") -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, device: str = "cpu", prefill_chunk: int = 512
+    ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = device
@@ -73,6 +67,9 @@ class TargetOnlyEngine:
         self.quality_threshold = 0.95
         self.fallback_strategy = "auto"
         self.stats = BaselineStats()
+        self.prefill_chunk = prefill_chunk  # most prompt tokens prefilled per step, all requests
+        text_config = model.config.get_text_config()
+        self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
         self._seqs: dict[str, _Seq] = {}
         self._lock = threading.Lock()
 
@@ -89,17 +86,13 @@ class TargetOnlyEngine:
     def add_request(self, req: GenerationRequest) -> None:
         if not req.prompt_ids:
             raise ValueError("empty prompt")
-        gen = None
-        if not req.sampling.greedy:
-            gen = torch.Generator(device="cpu")
-            if req.sampling.seed is not None:
-                gen.manual_seed(req.sampling.seed)
-            else:
-                gen.seed()
+        seed = req.sampling.seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little")
         with self._lock:
             if req.request_id in self._seqs:
                 raise ValueError(f"duplicate request id {req.request_id}")
-            self._seqs[req.request_id] = _Seq(req=req, next_input=list(req.prompt_ids), gen=gen)
+            self._seqs[req.request_id] = _Seq(req=req, next_input=list(req.prompt_ids), seed=seed)
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -108,18 +101,29 @@ class TargetOnlyEngine:
     def has_work(self) -> bool:
         return bool(self._seqs)
 
-    @torch.inference_mode()
-    def _advance(self, seq: _Seq) -> StepOutput:
-        ids = torch.tensor([seq.next_input], device=self.device)
+    def _forward(self, seq: _Seq, tokens: list[int]) -> Any:
+        ids = torch.tensor([tokens], device=self.device)
         if seq.cache is None:
             from transformers import DynamicCache
 
             seq.cache = DynamicCache(config=self.model.config)
         # updated in place (transformers >= 5 names the argument `cache`)
-        out = self.model(input_ids=ids, cache=seq.cache, use_cache=True)
+        return self.model(input_ids=ids, cache=seq.cache, use_cache=True)
+
+    @torch.inference_mode()
+    def _prefill(self, seq: _Seq, n: int) -> None:
+        """The next n prompt tokens into the request's cache (the last one is kept for the
+        forward that samples the first new token)."""
+        self._forward(seq, seq.next_input[:n])
+        seq.next_input = seq.next_input[n:]
+
+    @torch.inference_mode()
+    def _advance(self, seq: _Seq) -> StepOutput:
+        out = self._forward(seq, seq.next_input)
         if seq.output:
             seq.stats.verify_steps += 1
-        tok = choose_token(out.logits[0, -1], seq.req.sampling, seq.gen)
+        position = len(seq.req.prompt_ids) + len(seq.output)
+        tok = choose_token(out.logits[0, -1], seq.req.sampling, seq.seed, position)
         seq.output.append(tok)
         seq.next_input = [tok]
         if tok in seq.req.stop_token_ids:
@@ -129,10 +133,22 @@ class TargetOnlyEngine:
         return StepOutput(seq.req.request_id, [tok], False)
 
     def step(self) -> list[StepOutput]:
+        """One token for every request whose prompt is in; prompts are prefilled in chunks
+        of at most prefill_chunk tokens per step in all, so a long one never stalls the
+        others for long."""
         with self._lock:
             seqs = list(self._seqs.values())
         outs = []
+        budget = self.prefill_chunk
         for seq in seqs:
+            if len(seq.next_input) > 1:
+                if budget <= 0:
+                    continue
+                n = min(len(seq.next_input) - 1, budget)
+                self._prefill(seq, n)
+                budget -= n
+                if len(seq.next_input) > 1:
+                    continue
             o = self._advance(seq)
             if o.finished:
                 self.cancel(seq.req.request_id)

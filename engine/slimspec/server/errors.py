@@ -1,5 +1,7 @@
-"""One error type for every route, rendered as JSON `{"error": {...}}` (OpenAI's shape)
-or as a protobuf ErrorResponse when the client asked for protobuf."""
+"""One error type for every route, rendered as JSON in OpenAI's shape,
+`{"error": {"message", "type", "param", "code"}}`, or as a protobuf ErrorResponse when
+the client asked for protobuf. `type` is OpenAI's class of error (from the status),
+`code` says exactly what went wrong, `param` names the request field (or null)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,41 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 PROTOBUF = "application/x-protobuf"
 
 
+# OpenAI's error types by status; the official clients pick the exception class from
+# the status (400 BadRequestError, 401 AuthenticationError, 404 NotFoundError, 422
+# UnprocessableEntityError, 429 RateLimitError, 5xx InternalServerError, ...).
+ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def error_type(status: int) -> str:
+    if status >= 500:
+        return "server_error"
+    return ERROR_TYPES.get(status, "invalid_request_error")
+
+
 class ApiError(StarletteHTTPException):
-    """An HTTPException so that FastAPI's body parsing passes it through unchanged."""
+    """An HTTPException so that FastAPI's body parsing passes it through unchanged.
+    kind is the error's `code`; param the request field it is about."""
 
     def __init__(
-        self, status: int, kind: str, message: str, retry_after: int | None = None
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        retry_after: int | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(status, message)
         self.status = status
         self.kind = kind
         self.message = message
         self.retry_after = retry_after
+        self.param = param
 
 
 def wants_protobuf(request: Request) -> bool:
@@ -43,18 +69,47 @@ def error_response(request: Request, exc: ApiError) -> Response:
 
         body = slimspec_pb2.ErrorResponse(error=exc.kind, message=exc.message)
         return Response(body.SerializeToString(), exc.status, headers, media_type=PROTOBUF)
-    content = {"error": {"type": exc.kind, "code": exc.kind, "message": exc.message}}
-    return JSONResponse(content, exc.status, headers)
+    return JSONResponse(error_body(exc), exc.status, headers)
+
+
+def error_body(exc: ApiError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": exc.message,
+            "type": error_type(exc.status),
+            "param": exc.param,
+            "code": exc.kind,
+        }
+    }
+
+
+def _loc(e: Any) -> str:
+    return ".".join(str(p) for p in e.get("loc", ()) if p != "body")
 
 
 def validation_message(errors: list[Any]) -> str:
     """Pydantic errors -> one readable line per problem, naming the field."""
     parts = []
     for e in errors:
-        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        loc = _loc(e)
         msg = e.get("msg", "invalid value")
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts) or "invalid request"
+
+
+def validation_param(errors: list[Any]) -> str | None:
+    """The field of the first pydantic error (OpenAI's `param`)."""
+    for e in errors:
+        if loc := _loc(e):
+            return loc
+    return None
+
+
+def invalid(errors: list[Any]) -> ApiError:
+    """422 for pydantic validation errors."""
+    return ApiError(
+        422, "invalid_value", validation_message(errors), param=validation_param(errors)
+    )
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:
@@ -65,19 +120,15 @@ async def api_error_handler(request: Request, exc: Exception) -> Response:
 async def validation_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
-    kind = (
-        "invalid_json"
-        if any(e.get("type") == "json_invalid" for e in errors)
-        else "invalid_request"
-    )
-    status = 400 if kind == "invalid_json" else 422
-    return error_response(request, ApiError(status, kind, validation_message(errors)))
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return error_response(request, ApiError(400, "invalid_json", validation_message(errors)))
+    return error_response(request, invalid(errors))
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
     """Framework errors (404, 405, unparsable bodies) in the same error shape."""
     assert isinstance(exc, StarletteHTTPException)
-    kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+    kinds = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 400 and "parsing the body" in detail:
         detail = "body could not be parsed (is it valid UTF-8 JSON?)"

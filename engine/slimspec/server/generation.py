@@ -41,7 +41,9 @@ class GenState:
 def check_max_tokens(n: int | None, default: int, limit: int, name: str) -> int:
     n = default if n is None else n
     if not 1 <= n <= limit:
-        raise ApiError(400, "invalid_request", f"{name} must be within 1..{limit}, got {n}")
+        raise ApiError(
+            400, "max_tokens_exceeded", f"{name} must be within 1..{limit}, got {n}", param=name
+        )
     return n
 
 
@@ -52,7 +54,11 @@ def acquire(service: EngineService) -> Served:
         raise ApiError(503, "unavailable", str(exc), retry_after=exc.retry_after_s) from None
 
 
-def tokenize(service: EngineService, served: Served, text: str, special: bool = True) -> list[int]:
+async def tokenize(
+    service: EngineService, served: Served, text: str, special: bool = True
+) -> list[int]:
+    """The prompt's token ids, encoded on a worker thread: a long prompt must not hold
+    the event loop (health probes time out after a second)."""
     lim = service.limits
     if len(text) > lim.max_input_chars:
         raise ApiError(
@@ -60,9 +66,10 @@ def tokenize(service: EngineService, served: Served, text: str, special: bool = 
             "input_too_long",
             f"input has {len(text)} characters; the limit is {lim.max_input_chars}",
         )
-    ids = list(served.tokenizer.encode(text, add_special_tokens=special))
+    tok = served.tokenizer
+    ids = list(await asyncio.to_thread(tok.encode, text, add_special_tokens=special))
     if not ids:
-        raise ApiError(400, "invalid_request", "input encodes to no tokens")
+        raise ApiError(400, "empty_prompt", "input encodes to no tokens")
     if len(ids) > lim.max_input_tokens:
         raise ApiError(
             413,
@@ -70,6 +77,24 @@ def tokenize(service: EngineService, served: Served, text: str, special: bool = 
             f"input has {len(ids)} tokens; the limit is {lim.max_input_tokens}",
         )
     return ids
+
+
+def fit_context(served: Served, n_prompt: int, max_new: int, explicit: bool, name: str) -> int:
+    """max_new within the model's context: a default shrinks to what is left; an explicit
+    value that does not fit (or a prompt that fills the context) is a 400."""
+    ctx = served.max_context
+    if ctx is None or n_prompt + max_new <= ctx:
+        return max_new
+    room = ctx - n_prompt
+    if room >= 1 and not explicit:
+        return room
+    raise ApiError(
+        400,
+        "context_length_exceeded",
+        f"the prompt ({n_prompt} tokens) and {name} ({max_new}) exceed the model's context "
+        f"of {ctx} tokens",
+        param=name if room >= 1 else "prompt",
+    )
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
@@ -124,7 +149,7 @@ async def text_deltas(
                 state.ttft_s = time.monotonic() - t0
             ids.extend(t for t in out.new_token_ids if t not in served.stop_ids)
             state.completion_tokens += len(out.new_token_ids)
-            text = tok.decode(ids, skip_special_tokens=True)
+            text = await asyncio.to_thread(tok.decode, ids, skip_special_tokens=True)
             cut, hit = apply_stop(text, params.stops)
             if hit:
                 handle.cancel()  # no need to decode further
@@ -157,7 +182,7 @@ async def text_deltas(
             if out.finished:
                 return
     except ValueError as exc:  # the engine refused the request (add_request)
-        raise ApiError(400, "invalid_request", f"request refused by the engine: {exc}") from None
+        raise ApiError(400, "engine_refused", f"request refused by the engine: {exc}") from None
     except RuntimeError as exc:  # engine failure, delivered by the scheduler
         raise ApiError(500, "engine_error", str(exc)) from None
     finally:

@@ -19,11 +19,12 @@ from pydantic import ValidationError
 
 from slimspec.decoding.types import SamplingParams
 from slimspec.server import slimspec_pb2
-from slimspec.server.errors import PROTOBUF, ApiError, validation_message, wants_protobuf
+from slimspec.server.errors import PROTOBUF, ApiError, invalid, wants_protobuf
 from slimspec.server.generation import (
     GenParams,
     acquire,
     check_max_tokens,
+    fit_context,
     generate_text,
     tokenize,
 )
@@ -46,6 +47,8 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ApiError(400, "invalid_json", f"malformed JSON: {exc}") from None
+    except ValueError as exc:  # e.g. an integer literal over Python's 4300-digit limit
+        raise ApiError(400, "invalid_json", f"JSON value out of range: {exc}") from None
     except RecursionError:
         raise ApiError(400, "invalid_json", "JSON nested too deeply") from None
     if not isinstance(data, dict):
@@ -64,7 +67,7 @@ def parse_protobuf_body(raw: bytes) -> dict[str, Any]:
     unknown = UnknownFieldSet(msg)
     if len(unknown):
         nums = sorted({f.field_number for f in unknown})
-        raise ApiError(400, "invalid_request", f"unknown protobuf field number(s) {nums}")
+        raise ApiError(400, "unknown_field", f"unknown protobuf field number(s) {nums}")
     data: dict[str, Any] = {"input": msg.input}
     for f in ("max_length", "temperature", "top_p", "seed", "include_input"):
         if msg.HasField(f):
@@ -89,7 +92,7 @@ def parse_infer(raw: bytes, content_type: str) -> InferRequest:
     try:
         return InferRequest.model_validate(data)
     except ValidationError as exc:
-        raise ApiError(422, "invalid_request", validation_message(exc.errors())) from None
+        raise invalid(exc.errors()) from None
 
 
 @router.post(
@@ -112,7 +115,9 @@ async def infer(request: Request) -> Response:
     body = parse_infer(await request.body(), request.headers.get("content-type", ""))
     max_new = check_max_tokens(body.max_length, 50, service.limits.max_new_tokens, "max_length")
     served = acquire(service)
-    prompt_ids = tokenize(service, served, body.input)
+    prompt_ids = await tokenize(service, served, body.input)
+    explicit = "max_length" in body.model_fields_set
+    max_new = fit_context(served, len(prompt_ids), max_new, explicit, "max_length")
     params = GenParams(
         max_new_tokens=max_new,
         sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed),
@@ -125,7 +130,7 @@ async def infer(request: Request) -> Response:
     try:
         output = format_output(state.text, body.format) if body.format != "text" else text
     except OutputFormatError as exc:
-        raise ApiError(422, "output_format", str(exc)) from None
+        raise ApiError(422, "output_format", str(exc), param="format") from None
     resp = InferResponse(
         output=output,
         latency_ms=round((time.perf_counter() - t0) * 1000, 2),

@@ -27,8 +27,9 @@ def default_loader(ref: ModelRef) -> Engine:
             device=device,
             draft_quantization=ref.draft_quantization,
             num_draft_tokens=ref.num_draft_tokens,
+            prefill_chunk=ref.prefill_chunk,
         )
     from slimspec.server.baseline import TargetOnlyEngine
 
     model, tok = load_causal_lm(ref.target, dtype=ref.dtype, device=device)
-    return TargetOnlyEngine(model, tok, device=str(device))
+    return TargetOnlyEngine(model, tok, device=str(device), prefill_chunk=ref.prefill_chunk)

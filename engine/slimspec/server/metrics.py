@@ -163,6 +163,24 @@ class Metrics:
             "slimspec_batch_size", "Requests per decode step", buckets=BATCH_BUCKETS, registry=r
         )
         self.model_info = Info("slimspec_model", "Model being served", registry=r)
+        # Engine health and per-position acceptance.
+        self.load_failures = Counter(
+            "slimspec_model_load_failures_total",
+            "Failed model loads (retried with back-off, then liveness fails)",
+            registry=r,
+        )
+        self.position_drafted = Counter(
+            "slimspec_draft_position_tokens_total",
+            "Draft tokens verified at each draft position (1 = the first draft of a step)",
+            ["position"],
+            registry=r,
+        )
+        self.position_accepted = Counter(
+            "slimspec_draft_position_accepted_total",
+            "Draft tokens the target accepted at each draft position",
+            ["position"],
+            registry=r,
+        )
         self.draft_head = Info(
             "slimspec_draft_head",
             "Draft head being served: calibrated by an artifact or the uncalibrated fallback",
@@ -225,12 +243,29 @@ class Metrics:
             last[k] = count
             if d > 0:
                 self.fallbacks.labels(reason=reason).inc(d)
+        self._observe_positions(stats, last)
         kept = stat_value(stats, "kept_acceptance", "acceptance_kept_ratio", "kept_ratio")
         if kept > 0:
             self.kept_ratio.set(kept)
         ratio = getattr(engine, "compression_ratio", None)
         if isinstance(ratio, int | float):
             self.compression_ratio.set(ratio)
+
+    def _observe_positions(self, stats: Any, last: dict[str, float]) -> None:
+        """Per-position counters from the decoder's cumulative per-position lists."""
+        for attr, counter in (
+            ("drafted_per_position", self.position_drafted),
+            ("accepted_per_position", self.position_accepted),
+        ):
+            values = getattr(stats, attr, None)
+            if not isinstance(values, list):
+                continue
+            for i, v in enumerate(values):
+                key = f"{attr}:{i}"
+                d = float(v) - last.get(key, 0.0)
+                last[key] = float(v)
+                if d > 0:
+                    counter.labels(position=str(i + 1)).inc(d)
 
     def forget_engine(self, engine: Engine) -> None:
         self._last.pop(id(engine), None)

@@ -2,28 +2,32 @@
 
 Defaults follow the OpenAI API: temperature 1, top_p 1; max_tokens 16 for
 completions, 256 for chat (both capped by --max-new-tokens). The `model` field
-is accepted whatever it says; responses name the model actually served.
+is accepted whatever it says; responses name the model actually served (the
+configured served model name, or the target's name: model_name()).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from slimspec.decoding.types import SamplingParams
-from slimspec.server.errors import ApiError
+from slimspec.server.errors import ApiError, error_body
 from slimspec.server.generation import (
     GenParams,
     GenState,
     acquire,
     chat_prompt,
     check_max_tokens,
+    fit_context,
     generate_text,
     text_deltas,
     tokenize,
@@ -34,9 +38,32 @@ from slimspec.server.service import EngineService, Served
 router = APIRouter(prefix="/v1")
 
 
+def model_name(target: str) -> str:
+    """The default model id: a local model directory's name, not its filesystem path;
+    a registry name or hub id as given."""
+    path = Path(target).expanduser()
+    if target.startswith(("/", ".", "~")) or path.is_dir():
+        return path.resolve().name or target
+    return target
+
+
 def model_id(request: Request, served: Served) -> str:
     name = request.app.state.config.served_model_name
-    return name or served.ref.target
+    return name or model_name(served.ref.target)
+
+
+def _explicit_max(body: Any) -> bool:
+    return body.max_tokens is not None or body.max_completion_tokens is not None
+
+
+async def _prompt_ids(
+    service: EngineService, served: Served, text: str, params: GenParams, body: Any, special: bool
+) -> list[int]:
+    ids = await tokenize(service, served, text, special=special)
+    params.max_new_tokens = fit_context(
+        served, len(ids), params.max_new_tokens, _explicit_max(body), "max_tokens"
+    )
+    return ids
 
 
 def _params(service: EngineService, body: Any, default_max: int) -> GenParams:
@@ -106,7 +133,7 @@ async def _stream(
                 yield _sse({**make_chunk(None, None), "choices": [], "usage": _usage(state)})
             yield "data: [DONE]\n\n"
         except ApiError as exc:  # e.g. deadline after the stream started
-            yield _sse({"error": {"type": exc.kind, "message": exc.message}})
+            yield _sse(error_body(exc))
         finally:
             await gen.aclose()  # cancels the request when the client went away
             _observe_ttft(service, endpoint, state)
@@ -122,7 +149,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     params = _params(service, body, 16)
     served = acquire(service)
     assert isinstance(body.prompt, str)
-    prompt_ids = tokenize(service, served, body.prompt)
+    prompt_ids = await _prompt_ids(service, served, body.prompt, params, body, special=True)
     cid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), model_id(request, served)
     echo = body.prompt if body.echo else ""
 
@@ -167,12 +194,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     served = acquire(service)
     try:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt = chat_prompt(served.tokenizer, messages)
+        prompt = await asyncio.to_thread(chat_prompt, served.tokenizer, messages)
     except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc)) from None
+        raise ApiError(422, "invalid_value", str(exc), param="messages") from None
     except Exception as exc:  # a template may raise on unusual role orders
-        raise ApiError(422, "invalid_request", f"chat template failed: {exc}") from None
-    prompt_ids = tokenize(service, served, prompt, special=False)
+        raise ApiError(
+            422, "invalid_messages", f"chat template failed: {exc}", param="messages"
+        ) from None
+    prompt_ids = await _prompt_ids(service, served, prompt, params, body, special=False)
     cid, created, model = (
         f"chatcmpl-{uuid.uuid4().hex}",
         int(time.time()),

@@ -83,14 +83,43 @@ class OutputFormatError(ValueError):
     pass
 
 
+MAX_JSON_DEPTH = 256  # deeper model output is not offered as JSON (and would recurse)
+
+
+def _max_depth(text: str) -> int:
+    """Bracket depth of text, ignoring brackets inside strings (a cheap upper bound)."""
+    depth = best = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            esc, in_str = (False, in_str) if esc else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "}]":
+            depth = max(0, depth - 1)
+    return best
+
+
 def extract_json(text: str) -> Any:
-    """The first complete JSON object or array in text (models often add prose around it)."""
+    """The first complete JSON object or array in text (models often add prose around it).
+
+    Output nested deeper than MAX_JSON_DEPTH is refused before parsing: the parser
+    recurses per level, and trying every opening bracket of unclosed output would be
+    quadratic.
+    """
+    if _max_depth(text) > MAX_JSON_DEPTH:
+        raise OutputFormatError(
+            f"model output nests brackets deeper than {MAX_JSON_DEPTH} levels; not offered as JSON"
+        )
     decoder = json.JSONDecoder()
     for i, ch in enumerate(text):
         if ch in "{[":
             try:
                 value, _ = decoder.raw_decode(text, i)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON here (or a number too long)
                 continue
             return value
     raise OutputFormatError("model output contains no valid JSON object or array")

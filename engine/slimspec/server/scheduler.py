@@ -133,6 +133,8 @@ class Scheduler:
         self._accepting = True
         self._stopping = False
         self._mean_request_s = 1.0
+        self._step_started: float | None = None  # monotonic; None between steps
+        self.failed_steps = 0  # consecutive engine steps that raised
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # --- caller side (any thread) -------------------------------------------
@@ -148,6 +150,16 @@ class Scheduler:
     @property
     def in_flight(self) -> int:
         return len(self._pending) + len(self._active)
+
+    def step_running_s(self) -> float:
+        """How long the engine step in progress has been running (0 between steps)."""
+        started = self._step_started
+        return 0.0 if started is None else time.monotonic() - started
+
+    @property
+    def alive(self) -> bool:
+        """The scheduler thread runs (or has not been started yet)."""
+        return self._thread.is_alive() or self._thread.ident is None
 
     def submit(
         self,
@@ -295,15 +307,20 @@ class Scheduler:
             return
         batch = len(self._active)
         t0 = time.perf_counter()
+        self._step_started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as exc:
+            self.failed_steps += 1
             log.exception("engine step failed; failing the current batch")
             for rid, h in list(self._active.items()):
                 self._drop(rid)
                 self._deliver(h, RuntimeError(f"generation failed: {exc}"))
             self._notify()
             return
+        finally:
+            self._step_started = None
+        self.failed_steps = 0
         dt = time.perf_counter() - t0
         for out in outputs:
             owner = self._active.get(out.request_id)

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOPS = 4
+MAX_STOP_CHARS = 256  # per stop sequence; streaming holds back up to this many characters
+INT64 = 2**63
 
 
 def _encodable(v: str) -> str:
@@ -29,8 +31,21 @@ def _stops(v: str | list[str] | None) -> list[str]:
     for s in items:
         if not s:
             raise ValueError("stop sequences must not be empty")
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
         _encodable(s)
     return items
+
+
+def _as_float(v: Any) -> Any:
+    """Ints are fine for float fields (strict mode would refuse 1); an int too large for
+    a float is out of range, not a server error."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        try:
+            return float(v)
+        except OverflowError:
+            raise ValueError("number is far out of range") from None
+    return v
 
 
 class InferRequest(BaseModel):
@@ -61,8 +76,8 @@ class InferRequest(BaseModel):
 
     @field_validator("temperature", "top_p", mode="before")
     @classmethod
-    def _int_ok(cls, v: Any) -> Any:  # strict mode would refuse 1 for a float field
-        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+    def _int_ok(cls, v: Any) -> Any:
+        return _as_float(v)
 
 
 class InferResponse(BaseModel):
@@ -83,7 +98,7 @@ class _OpenAIBase(BaseModel):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=-INT64, lt=2 * INT64)] | None = None
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
@@ -98,7 +113,7 @@ class _OpenAIBase(BaseModel):
     @field_validator("seed")
     @classmethod
     def _seed(cls, v: int | None) -> int | None:
-        return None if v is None else v % 2**63  # OpenAI allows negative seeds
+        return None if v is None else v % INT64  # OpenAI allows negative seeds
 
 
 class CompletionRequest(_OpenAIBase):
@@ -158,3 +173,6 @@ class AdminDrainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     timeout_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    # keep answering new requests this long after readiness turns 503 (endpoint removal
+    # propagating to every proxy), then refuse them
+    delay_s: Annotated[float, Field(ge=0, le=600)] = 0.0

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slimspec.decoding.types import GenerationRequest, SamplingParams
+from slimspec.server.health import EngineCondition, HealthPolicy, liveness_problem
 from slimspec.server.metrics import Metrics
+from slimspec.server.middleware import InFlight
 from slimspec.server.postprocess import FilterRules
 from slimspec.server.runtime_config import RuntimeSettings
 from slimspec.server.scheduler import (
@@ -42,6 +44,7 @@ class ModelRef:
     device: str = "cpu"
     draft_quantization: str | None = "auto"  # None = the draft as loaded; cpu/draft_quantization.py
     num_draft_tokens: int | None = None  # None = adaptive k
+    prefill_chunk: int = 512  # most prompt tokens prefilled per engine step
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class Limits:
     max_input_chars: int = 200_000
     max_body_bytes: int = 2_000_000
     request_timeout_s: float = 300.0
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this
 
 
 Loader = Callable[[ModelRef], Engine]
@@ -105,6 +110,12 @@ class Served:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    @property
+    def max_context(self) -> int | None:
+        """Most tokens (prompt + generated) a request may hold, when the engine knows it."""
+        n = getattr(self.engine, "max_context", None)
+        return n if isinstance(n, int) and n > 0 else None
+
 
 class EngineService:
     def __init__(
@@ -117,6 +128,7 @@ class EngineService:
         settings: RuntimeSettings,
         filters: FilterRules | None = None,
         warmup: bool = True,
+        health: HealthPolicy | None = None,
     ) -> None:
         self.loader = loader
         self.initial_ref = ref
@@ -126,10 +138,15 @@ class EngineService:
         self.settings = settings
         self.filters = filters or FilterRules()
         self.warmup = warmup
+        self.health = health or HealthPolicy()
         self.current: Served | None = None
         self.state = "starting"  # starting | loading | ready | swapping | draining | failed
         self.error: str | None = None
         self.swaps = 0
+        self.draining = False  # once set, nothing (a finished load or swap) makes it ready
+        self.accepting = True  # false once a drain stops taking new requests
+        self.in_flight = InFlight()  # generation requests still sending their answer
+        self._stop = threading.Event()
         self._swap_lock = threading.Lock()
         self._retired: list[Served] = []
         metrics.set_settings(settings.compression_ratio, settings.quality_threshold)
@@ -138,7 +155,21 @@ class EngineService:
 
     @property
     def ready(self) -> bool:
-        return self.state == "ready" and self.current is not None
+        return self.state == "ready" and self.current is not None and not self.draining
+
+    def liveness_problem(self) -> str | None:
+        """Why the process cannot recover (liveness fails), or None."""
+        served = self.current
+        sched = served.scheduler if served is not None else None
+        return liveness_problem(
+            EngineCondition(
+                state=self.state,
+                scheduler_alive=sched.alive if sched is not None else True,
+                step_running_s=sched.step_running_s() if sched is not None else 0.0,
+                failed_steps=sched.failed_steps if sched is not None else 0,
+            ),
+            self.health,
+        )
 
     def _build(self, ref: ModelRef) -> Served:
         t0 = time.perf_counter()
@@ -162,16 +193,33 @@ class EngineService:
         return Served(ref=ref, engine=engine, scheduler=sched, stop_ids=stop_token_ids(engine))
 
     def load_initial(self) -> None:
-        """Blocking first load (run it in a thread; /readyz says 503 meanwhile)."""
-        self.state = "loading"
-        try:
-            served = self._build(self.initial_ref)
-        except Exception as exc:
-            log.exception("model load failed")
-            self.state, self.error = "failed", f"model load failed: {exc}"
+        """Blocking first load, retried with back-off (run it in a thread; /readyz says
+        503 meanwhile). After the last failed attempt the state is "failed", and
+        liveness fails so that the pod is restarted."""
+        attempts = self.health.load_attempts
+        for attempt in range(1, attempts + 1):
+            self.state = "draining" if self.draining else "loading"
+            try:
+                served = self._build(self.initial_ref)
+            except Exception as exc:
+                self.metrics.load_failures.inc()
+                self.error = f"model load failed (attempt {attempt} of {attempts}): {exc}"
+                if attempt == attempts or self._stop.is_set():
+                    log.exception("model load failed; giving up: %s", self.error)
+                    self.state = "failed"
+                    return
+                wait = self.health.backoff_s(attempt)
+                log.exception("%s; retrying in %.0f s", self.error, wait)
+                if self._stop.wait(wait):
+                    self.state = "failed"
+                    return
+                continue
+            self.error = None
+            self._activate(served)
+            if self.draining:  # a drain that came during the load stays in force
+                served.scheduler.stop_accepting()
+            self.state = "draining" if self.draining else "ready"
             return
-        self._activate(served)
-        self.state = "ready"
 
     def _activate(self, served: Served) -> None:
         self.current = served
@@ -193,12 +241,12 @@ class EngineService:
             try:
                 new = self._build(ref)
             except Exception:
-                self.state = prev_state
+                self.state = "draining" if self.draining else prev_state
                 raise
             old = self.current
             self._activate(new)  # new requests go to the new model from here on
             self.swaps += 1
-            self.state = "ready" if prev_state != "draining" else "draining"
+            self.state = "draining" if self.draining else "ready"
         finally:
             self._swap_lock.release()
         if old is not None:
@@ -228,19 +276,31 @@ class EngineService:
             pass
         log.info("retired previous model version")
 
-    def drain(self, timeout_s: float) -> bool:
-        """Stop taking work, wait for in-flight requests; True if all finished in time."""
-        self.state = "draining"
-        served = self.current
-        if served is None:
-            return True
-        served.scheduler.stop_accepting()
-        ok = served.scheduler.wait_idle(timeout_s)
-        for old in list(self._retired):
-            ok = old.scheduler.wait_idle(timeout_s) and ok
-        return ok
+    def drain(self, timeout_s: float, delay_s: float = 0.0) -> bool:
+        """Readiness turns 503 at once; new requests are still answered for delay_s (while
+        endpoint removal reaches every proxy), then refused; then wait until in-flight
+        requests, streams included, have sent their last byte. True if all finished
+        within timeout_s (counted after the delay)."""
+        self.draining = True
+        if self.state != "failed":
+            self.state = "draining"
+        if delay_s > 0:
+            self._stop.wait(delay_s)
+        self.accepting = False
+        deadline = time.monotonic() + timeout_s
+        for s in [self.current, *self._retired]:
+            if s is not None:
+                s.scheduler.stop_accepting()
+        ok = True
+        for s in [self.current, *self._retired]:
+            if s is not None:
+                ok = s.scheduler.wait_idle(max(0.0, deadline - time.monotonic())) and ok
+        while self.in_flight.count > 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return ok and self.in_flight.count == 0
 
     def shutdown(self) -> None:
+        self._stop.set()
         for s in [self.current, *self._retired]:
             if s is not None:
                 s.scheduler.stop(timeout=2.0)
@@ -264,7 +324,7 @@ class EngineService:
     # --- requests -----------------------------------------------------------
 
     def served(self) -> Served:
-        if self.state == "draining":
+        if not self.accepting:
             raise ServiceUnavailable("server is draining; retry on another replica", 1)
         if self.current is None:
             msg = self.error or "model is still loading"
