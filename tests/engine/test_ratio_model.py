@@ -96,6 +96,7 @@ def test_batch_size_changes_the_prediction():
 
 def test_best_k_follows_the_cost_model():
     k, length, step = best_k_rate(0.9, 0.005, (0.1, 0.0), 1, 8)
+    assert length == pytest.approx((1 - 0.9**9) / 0.1)
     assert k == 8 and step == pytest.approx(0.14)
     k, _, _ = best_k_rate(0.3, 0.05, (0.1, 0.0), 1, 8)
     assert k == 1

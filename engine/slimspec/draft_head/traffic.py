@@ -89,10 +89,11 @@ def rerank_due(
     running: bool,
     min_tokens: int = MIN_NEW_TOKENS,
     every_tokens: int = EVERY_TOKENS,
+    min_interval_s: float = MIN_INTERVAL_S,
 ) -> bool:
     """Re-rank when no re-rank is running, enough new tokens were counted, and either the
     subset in force misses recent tokens or it is time for the periodic one."""
-    if running or new_tokens < min_tokens or seconds_since < MIN_INTERVAL_S:
+    if running or new_tokens < min_tokens or seconds_since < min_interval_s:
         return False
     return cover < COVERAGE_TRIGGER or new_tokens >= every_tokens
 
@@ -134,9 +135,13 @@ class TrafficRanking:
         self.source = "calibration"
         self.built_at = time.time() if built_at is None else built_at
         self.reranks = 0
+        # when to re-rank (rerank_due); attributes so a test can make it eager
+        self.min_new_tokens, self.every_tokens = MIN_NEW_TOKENS, EVERY_TOKENS
+        self.min_interval_s = MIN_INTERVAL_S
+        self.prior_tokens = PRIOR_TOKENS
         self._rank_of = inverse(head.ranking.cpu())
         self._new = 0  # tokens counted since the last re-rank started
-        self._last = 0.0
+        self._last = -float("inf")
         self._thread: threading.Thread | None = None
         self._ready: tuple[DraftHead, float] | None = None
         self._lock = threading.Lock()
@@ -172,7 +177,16 @@ class TrafficRanking:
             return False
         running = self._thread is not None and self._thread.is_alive()
         since = time.monotonic() - self._last
-        if not rerank_due(self._new, self.coverage(subset_size), since, running):
+        cover = self.coverage(subset_size)
+        if not rerank_due(
+            self._new,
+            cover,
+            since,
+            running,
+            self.min_new_tokens,
+            self.every_tokens,
+            self.min_interval_s,
+        ):
             return False
         self.counts *= 0.5 ** (self._new / HALF_LIFE_TOKENS)
         snapshot = self.counts.clone()
@@ -184,7 +198,7 @@ class TrafficRanking:
         return True
 
     def _build(self, head: DraftHead, counts: torch.Tensor) -> DraftHead:
-        ranking = blended_ranking(self.prior, counts, head.ranking, self.first)
+        ranking = blended_ranking(self.prior, counts, head.ranking, self.first, self.prior_tokens)
         return head.reranked(ranking)
 
     def _rerank(self, head: DraftHead, counts: torch.Tensor) -> None:
