@@ -67,6 +67,7 @@ class CompressedHead:
         self.traffic = traffic
         self.monitor = RatioMonitor()
         self._prior_kept = prior_kept(calibration)
+        self._guard_judged = True  # the guard has had min_samples since its last reset
 
     @property
     def report(self) -> RatioReport | None:
@@ -78,13 +79,17 @@ class CompressedHead:
 
     # ----------------------------------------------------------------- step thread
     def before_step(self) -> None:
-        """Swap in a re-ranked head; the fallback window judged the old ranking, so it
-        starts anew (the guard then judges the ranking in use)."""
+        """Swap in a re-ranked head. The fallback window judged the old ranking, so it
+        starts anew, but at most once per window's evidence: after a reset the guard
+        always gets min_samples samples of the new ranking before the next reset, so
+        frequent re-ranks can never keep it from falling back."""
         new = self.traffic.take_ready()
         if new is not None:
             self.drafter.head = new
-            self.shadow.monitor.reset()
             self.shadow.by_ratio.reset()
+            if self._guard_judged:
+                self.shadow.monitor.reset()
+                self._guard_judged = False
 
     def shadow_check(
         self, proposal: Proposal, verdict: Verdict, s: StepSettings, stats: DecoderStats
@@ -113,6 +118,8 @@ class CompressedHead:
         )
         stats.kept_acceptance = kept
         stats.shadow_samples = self.shadow.monitor.total_samples
+        if new is not None or self.shadow.monitor.samples >= self.shadow.min_samples:
+            self._guard_judged = True
         if new is not None:
             self.settings.fall_back(s.ratio, new)
             stats.record_fallback(REASON_QUALITY)
