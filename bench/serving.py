@@ -10,7 +10,10 @@ decoding one at a time (before) with speculative decoding + batching (after) at 
 clients.
 
     .venv/bin/python bench/serving.py --window 30 --max-new-tokens 24
-writes bench/results/serving.json and serving.png.
+writes bench/results/serving.json and serving.png (about 12 minutes on a quiet 2-core
+machine; --quick: 8 s windows, 1 and 8 clients, a few minutes, to check the script).
+The ratio effect: with batching on at 8 clients, the same load at each of --ratios,
+beside the engine's own predicted speed-up per ratio read from /metrics.
 """
 
 from __future__ import annotations
@@ -107,6 +110,20 @@ async def run_clients(base: str, clients: int, window_s: float, max_new: int) ->
     }
 
 
+def metric_values(base: str, name: str) -> dict[str, float]:
+    """label text -> value of one metric family on /metrics ('' for an unlabelled one)."""
+    out = {}
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, value = line.rsplit(" ", 1)
+            out[key[len(name) :]] = float(value)
+    return out
+
+
+def set_ratio(app: Any, ratio: float) -> None:
+    app.state.service.update_settings({"compression_ratio": ratio})
+
+
 def generated_tokens(base: str) -> float:
     for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
         if line.startswith("slimspec_generated_tokens_total "):
@@ -181,6 +198,16 @@ def set_batch(app: Any, size: int) -> None:
     service.current.scheduler.config = service.sched_config
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def plot(results: list[RunResult], out: Path) -> None:
     import matplotlib
 
@@ -217,8 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--batch-on", type=int, default=16)
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only runs")
+    p.add_argument("--ratios", default="0.0,0.8", help="ratios for the ratio effect at 8 clients")
+    p.add_argument("--quick", action="store_true", help="8 s windows, 1 and 8 clients")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
     args = p.parse_args(argv)
+    if args.quick:
+        args.window, args.clients = 8.0, "1,8"
     levels = [int(c) for c in args.clients.split(",")]
 
     from slimspec.server.app import ServerConfig
@@ -266,6 +297,18 @@ def main(argv: list[str] | None = None) -> int:
         set_batch(app, size)
         for c in levels:
             results.append(measure(base, app, mode, c, args.window, args.max_new_tokens))
+    ratio_effect: dict[str, Any] = {}
+    if 8 in levels:
+        set_batch(app, args.batch_on)
+        for r in (float(x) for x in args.ratios.split(",")):
+            set_ratio(app, r)
+            res = measure(base, app, f"speculative, batching on, ratio {r}", 8, args.window,
+                          args.max_new_tokens)  # fmt: skip
+            ratio_effect[repr(r)] = {"tokens_per_s": res.tokens_per_s, "p99_s": res.p99_s}
+        ratio_effect["predicted_speedup"] = metric_values(base, "slimspec_ratio_predicted_speedup")
+        ratio_effect["best"] = metric_values(base, "slimspec_ratio_best").get("")
+        ratio_effect["can_help"] = metric_values(base, "slimspec_compression_can_help").get("")
+        set_ratio(app, 0.3)
     baseline: list[RunResult] = []
     if not args.no_baseline:
         app.state.service.swap(replace(cfg.model, draft="none", version="target-only"))
@@ -292,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         if on8 and off1 and off1.tokens_per_s
         else None,
         "p99_latency_s_8_clients": on8.p99_s if on8 else None,
+        "ratio_effect_8_clients": ratio_effect,
     }
     if before and on8:
         summary["seed_table"] = {
@@ -332,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_new_tokens": args.max_new_tokens,
             "batch_on": args.batch_on,
             "cpus": os.cpu_count(),
+            "cpu_model": cpu_model(),
             "machine": platform.machine(),
             "note": "shared 2-core machine; other jobs may have run concurrently",
             "load_average_before": load_before,

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from slimspec.draft_head.artifact import ARTIFACT_DIRNAME, save_artifact
-from slimspec.draft_head.calibrate import calibrate, corpus_token_ids
+from slimspec.draft_head.calibrate import calibrate, corpus_sources, corpus_token_ids
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,7 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draft", required=True, help="draft model directory (or registry name)")
     ap.add_argument("--target", help="target model: reference tokens for the measured acceptance")
     ap.add_argument("--out", help=f"artifact directory (default: <draft>/{ARTIFACT_DIRNAME})")
-    ap.add_argument("--corpus", default="stdlib", help="'stdlib' or a text file/directory")
+    ap.add_argument(
+        "--corpus",
+        default="mixed",
+        help="'mixed' (code in several languages, prose, chat turns), 'stdlib', or a "
+        "text file/directory",
+    )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--count-chars", type=int, default=3_000_000, help="corpus chars for counting")
@@ -64,8 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(0)
     count_ids = corpus_token_ids(tok, args.corpus, args.count_chars, 0, 1)
     # fit and evaluation on files the count saw at different strides: eval is held out from fit
-    fit_ids = corpus_token_ids(tok, args.corpus, 8 * args.fit_tokens + 10_000, 1, 5)
-    eval_ids = corpus_token_ids(tok, args.corpus, 8 * args.eval_tokens + 10_000, 3, 5)
+    sources = 6 if args.corpus == "mixed" else 1  # the mixed corpus splits chars by source
+    fit_ids = corpus_token_ids(tok, args.corpus, sources * (8 * args.fit_tokens + 10_000), 1, 5)
+    eval_ids = corpus_token_ids(tok, args.corpus, sources * (8 * args.eval_tokens + 10_000), 3, 5)
     art = calibrate(
         draft,
         fit_ids,
@@ -78,7 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         eval_tokens=args.eval_tokens,
         lowrank_rows=args.lowrank_rows,
         distill_steps=args.distill_steps,
-        meta={"draft": str(args.draft), "target": args.target, "corpus": args.corpus},
+        meta={
+            "draft": str(args.draft),
+            "target": args.target,
+            "corpus": args.corpus,
+            "sources": corpus_sources(tok, args.corpus),
+        },
         log=lambda m: print(m, file=sys.stderr),
     )
     out = Path(args.out) if args.out else Path(draft_dir) / ARTIFACT_DIRNAME

@@ -69,3 +69,25 @@ def test_dear_verification_means_fewer_drafts():
     dear = choose_k(0.75, 0.19, 1, 8, verify_cost_per_token=0.1)
     assert (free, dear) == (3, 2)
     assert choose_k(0.9, 0.19, 1, 8, verify_cost_per_token=0.1) < choose_k(0.9, 0.19, 1, 8)
+
+
+def test_batch_k_maximises_the_whole_batch_rate_not_the_best_row():
+    """One eager row and seven reluctant ones: the largest of the rows' choices would
+    draft deep for all eight and pay every extra verified token eight times."""
+    from slimspec.decoding.adaptive import choose_batch_k, choose_k, expected_tokens
+
+    costs = RelativeCosts(draft=0.05, verify_per_token=0.08, single=1.0)
+    alphas = [0.95] + [0.4] * 7
+    k = choose_batch_k(alphas, [0] * 8, costs, 1, 8)
+    own = [choose_k(a, 0.05, 1, 8, verify_cost_per_token=0.08) for a in alphas]
+    assert k < max(own)
+
+    def rate(k: int) -> float:
+        return sum(expected_tokens(a, k) for a in alphas) / (1 + k * (0.05 + 0.08))
+
+    assert rate(k) == max(rate(j) for j in range(1, 9))
+    # one row: the same as choose_k; k = 0 unless a row is due to probe
+    assert choose_batch_k([0.7], [0], costs, 1, 8) == choose_k(0.7, 0.05, 1, 8, 0.08)
+    bad = RelativeCosts(draft=2.0, verify_per_token=0.5, single=1.0)
+    assert choose_batch_k([0.1, 0.1], [0, 0], bad, 0, 8) == 0
+    assert choose_batch_k([0.1, 0.1], [0, 8], bad, 0, 8) == 1

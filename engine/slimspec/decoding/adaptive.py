@@ -178,26 +178,30 @@ def choose_batch_k(
     k_max: int,
     probe_every: int = PROBE_EVERY,
 ) -> int:
-    """The largest of the rows' choices (one forward per depth serves every row).
+    """The k with the most expected tokens per unit time over the whole batch.
 
-    k = 0 (a plain target step) only where k_min allows it; a row that chose 0 for
-    probe_every steps drafts with the k it would choose among k >= 1, to re-measure its
-    acceptance with the k drafting would use rather than a lone token.
+    One draft forward per depth serves every row and every row verifies k + 1 tokens,
+    so the batch shares one cost and the rows' acceptances add up: the k maximising
+    sum_rows E[tokens | alpha_row, k] / (k * draft + 1 + k * verify_per_token). (The
+    largest of the rows' own choices over-drafted for every row that accepts less, and
+    a batched verification pays for each of those tokens.) For one row this is
+    choose_k. k = 0 (a plain target step, one token per row) only where k_min allows
+    it and no row is due to probe: a row that chose 0 for probe_every steps drafts, to
+    re-measure its acceptance with the k drafting would use rather than a lone token.
     """
-    ks = []
-    for alpha, idle in zip(alphas, idle_steps, strict=True):
-        k = choose_k(
-            alpha,
-            costs.draft,
-            k_min,
-            k_max,
-            verify_cost_per_token=costs.verify_per_token,
-            single_cost=costs.single,
-        )
-        if k == 0 and idle >= probe_every:
-            k = choose_k(alpha, costs.draft, 1, k_max, verify_cost_per_token=costs.verify_per_token)
-        ks.append(k)
-    return max(ks)
+    lo = k_min
+    if lo == 0 and any(idle >= probe_every for idle in idle_steps):
+        lo = 1
+    best_k, best = max(lo, 0), -1.0
+    for k in range(lo, k_max + 1):
+        if k == 0:
+            rate = len(alphas) / max(1e-6, costs.single)
+        else:
+            cost = k * costs.draft + 1.0 + k * costs.verify_per_token
+            rate = sum(expected_tokens(a, k) for a in alphas) / cost
+        if rate > best + 1e-12:
+            best_k, best = k, rate
+    return best_k
 
 
 class CostModel:

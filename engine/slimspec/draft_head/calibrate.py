@@ -1,8 +1,9 @@
 """Calibrate the compressed draft head: ranking, low-rank factors, ratio table.
 
 The command line is slimspec.calibrate (`slimspec calibrate` / `python -m slimspec.calibrate`).
-1. Count tokens on a corpus (default: the Python standard library's .py files)
-   and rank the vocabulary by frequency (special tokens first).
+1. Count tokens on a corpus (default: the mixed corpus of corpus.py: code in several
+   languages, prose and chat turns) and rank the vocabulary by frequency (special
+   tokens first).
 2. Collect the draft's final hidden states on calibration sequences and fit an
    activation-aware low-rank factorisation of the ranked head rows (head.py);
    optionally (--distill-steps N) refine it by a short distillation from the full
@@ -30,6 +31,7 @@ from slimspec.draft_head.artifact import (
     special_token_ids,
     stdlib_text,
 )
+from slimspec.draft_head.corpus import interleaved_ids, mixed_texts
 from slimspec.draft_head.head import (
     DraftHead,
     HeadConfig,
@@ -247,7 +249,14 @@ def _distill_if_better(
     return (a2, b2, info) if after > before else (a, b, info)
 
 
-def corpus_token_ids(tokenizer: Any, corpus: str, chars: int, offset_files: int, stride: int):
+def corpus_token_ids(
+    tokenizer: Any, corpus: str, chars: int, offset_files: int, stride: int, chunk: int = 256
+) -> list[int]:
+    """Token ids of a corpus: "mixed" (corpus.py: code in several languages, prose, chat
+    turns; sources interleaved `chunk` tokens at a time), "stdlib", or a file/directory."""
+    if corpus == "mixed":
+        texts = mixed_texts(tokenizer, chars, offset=offset_files, stride=stride)
+        return interleaved_ids(tokenizer, texts, chunk)
     if corpus == "stdlib":
         text = stdlib_text(chars, offset_files=offset_files, stride=stride)
     else:
@@ -256,3 +265,10 @@ def corpus_token_ids(tokenizer: Any, corpus: str, chars: int, offset_files: int,
         text = "\n".join(f.read_text(errors="ignore") for f in files if f.is_file())
         text = text[offset_files * 1000 :][:chars] if stride > 1 else text[:chars]
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def corpus_sources(tokenizer: Any, corpus: str) -> list[str]:
+    """The sources a corpus name stands for on this machine (the artifact's meta)."""
+    if corpus == "mixed":
+        return list(mixed_texts(tokenizer, 6_000))
+    return [corpus]

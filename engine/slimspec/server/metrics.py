@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from slimspec.server.compression_metrics import CompressionMetrics
 from slimspec.server.scheduler import Engine
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,8 @@ class Metrics:
             "Draft head being served: calibrated by an artifact or the uncalibrated fallback",
             registry=r,
         )
+        # what each compression ratio costs and buys, and the head's token ranking
+        self.compression = CompressionMetrics(r)
         if enable_gpu and (gpu := _gpu_collector()) is not None:
             r.register(gpu)  # type: ignore[arg-type]
         self._last: dict[int, dict[str, float]] = {}
@@ -250,6 +253,7 @@ class Metrics:
         ratio = getattr(engine, "compression_ratio", None)
         if isinstance(ratio, int | float):
             self.compression_ratio.set(ratio)
+        self.compression.observe(engine)
 
     def _observe_positions(self, stats: Any, last: dict[str, float]) -> None:
         """Per-position counters from the decoder's cumulative per-position lists."""
