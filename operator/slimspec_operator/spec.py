@@ -125,6 +125,13 @@ class QueriesSpec(_Model):
     fallback_rate: str = DEFAULT_QUERIES["fallbackRate"]
     kept_acceptance: str = DEFAULT_QUERIES["keptAcceptance"]
     queue_depth: str = DEFAULT_QUERIES["queueDepth"]
+    predicted_speedup: str = DEFAULT_QUERIES["predictedSpeedup"]
+    ratio_kept_acceptance: str = DEFAULT_QUERIES["ratioKeptAcceptance"]
+    draft_head_share: str = DEFAULT_QUERIES["draftHeadShare"]
+    best_ratio: str = DEFAULT_QUERIES["bestRatio"]
+    compression_can_help: str = DEFAULT_QUERIES["compressionCanHelp"]
+    head_ranking_age: str = DEFAULT_QUERIES["headRankingAge"]
+    head_ranking_coverage: str = DEFAULT_QUERIES["headRankingCoverage"]
 
 
 class TuningSpec(_Model):

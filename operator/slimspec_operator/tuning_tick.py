@@ -45,8 +45,8 @@ from .contract import (
     configmap_name,
 )
 from .kube import ApiError, Kube
-from .prom import PromClient
-from .queries import queries_for, sample_from
+from .prom import PromClient, PromError
+from .queries import VECTOR_LABELS, queries_for, sample_from, vector_values
 from .rollout import Event
 from .spec import TuningView
 from .tuner import Sample
@@ -133,9 +133,22 @@ def _view(body: Mapping[str, Any]) -> TuningView | None:
 
 
 async def read_sample(view: TuningView, namespace: str, name: str, now: datetime) -> Sample:
+    queries = queries_for(view, namespace, name, view.scaling)
+    scalars = {k: q for k, q in queries.items() if k not in VECTOR_LABELS}
+    vectors = {k: q for k, q in queries.items() if k in VECTOR_LABELS}
     async with PromClient(view.prometheus.url, view.prometheus.timeout_seconds) as prom:
-        results = await prom.query_many(queries_for(view, namespace, name, view.scaling))
-    return sample_from(now, results)
+
+        async def vector(name: str) -> dict[str, float] | PromError:
+            try:
+                data = await prom.query_raw(vectors[name])
+                return vector_values(data, VECTOR_LABELS[name], vectors[name])
+            except PromError as exc:
+                return exc
+
+        results = prom.query_many(scalars)
+        answers = asyncio.gather(*(vector(k) for k in vectors))
+        numbers, per_label = await asyncio.gather(results, answers)
+    return sample_from(now, numbers, dict(zip(vectors, per_label, strict=True)))
 
 
 def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any] | None) -> None:

@@ -125,9 +125,9 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
 
     body = svc.get()
     comp = body["status"]["compression"]
-    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tuner.RAISED
+    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tuner.ABOVE_TARGET
     entry = comp["history"][-1]
-    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, tuner.RAISED)
+    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, tuner.ABOVE_TARGET)
     assert comp["lastRaise"]["requestRate"] > 1  # the load the raise answered
     assert svc.configmap_ratio() == "0.35"  # in force within seconds, no pod restart
     assert svc.condition()["status"] == "True"
