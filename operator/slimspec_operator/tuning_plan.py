@@ -270,10 +270,10 @@ def plan_tick(inp: TickInput) -> TickPlan:
                 else ("Unknown", "NoData", "no metrics read yet")
             )
         conditions = set_condition(conditions, EFFECTIVE, *effective, inp.generation, now)
-        flipped = was is not None and was.get("status") != effective[0]
+        flipped = was is None or was.get("status") != effective[0]
         if flipped and effective[0] == "False":
             events.append(Event("Warning", "CompressionIneffective", effective[2]))
-        elif flipped and effective[0] == "True":
+        elif flipped and effective[0] == "True" and was is not None:
             events.append(Event("Normal", "CompressionEffective", effective[2]))
     new_status["conditions"] = [c for c in conditions if c["type"] in owned]
     return TickPlan(memory, new_status, ratio_write, scale_to, tuple(events), decision, scale)
