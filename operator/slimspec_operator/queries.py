@@ -2,9 +2,9 @@
 their rendering for one resource, and the query results as one tuner `Sample`.
 
 Most queries answer one number. The engines' per-ratio predictions answer one
-series per `ratio` label (aggregated over the service's pods), and whether
-compression can help answers one series per `reason` label (if the engines set
-one); `VECTOR_LABELS` names those, and `vector_values` reads their answers.
+series per `ratio` label (aggregated over the service's pods), and why
+compression can or cannot help one series per `reason` label (pods per reason);
+`VECTOR_LABELS` names those, and `vector_values` reads their answers.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .prom import BAD_RESPONSE, NO_DATA, PromError
-from .ratio_predictions import Predictions
+from .ratio_predictions import ACCEPTANCE_LOSS, HEAD_SHARE_TOO_SMALL, Predictions
 from .tuner_types import Sample
 
 if TYPE_CHECKING:
@@ -49,18 +49,34 @@ DEFAULT_QUERIES: dict[str, str] = {
     "ratioKeptAcceptance": f"min by (ratio) (slimspec_ratio_kept_acceptance{{{SELECTOR}}})",
     "draftHeadShare": f"avg by (ratio) (slimspec_draft_head_share{{{SELECTOR}}})",
     "bestRatio": f"avg(slimspec_ratio_best{{{SELECTOR}}})",
-    # min over pods: compression helps only if every pod says so.
-    "compressionCanHelp": f"min by (reason) (slimspec_compression_can_help{{{SELECTOR}}})",
+    # min over the pods that have measured (a pod exports 0 with the reason
+    # not_measured until its first prediction): helps only if every one says so.
+    "compressionCanHelp": (
+        f"min(slimspec_compression_can_help{{{SELECTOR}}} unless on (instance) "
+        f'(slimspec_compression_can_help_info{{{SELECTOR},reason="not_measured"}} == 1))'
+    ),
+    # Pods per reason (helps, head_share_small, acceptance_loss, not_measured).
+    "compressionCanHelpReason": (
+        f"sum by (reason) (slimspec_compression_can_help_info{{{SELECTOR}}} == 1)"
+    ),
     "headRankingAge": f"max(slimspec_head_ranking_age_seconds{{{SELECTOR}}})",
     "headRankingCoverage": f"min(slimspec_head_ranking_coverage{{{SELECTOR}}})",
 }
+
+# The engines' reasons (label of slimspec_compression_can_help_info) as
+# condition reasons; `helps` and `not_measured` say nothing about a "cannot".
+ENGINE_REASONS = {
+    "head_share_small": HEAD_SHARE_TOO_SMALL,
+    "acceptance_loss": ACCEPTANCE_LOSS,
+}
+ENGINE_NOT_A_REASON = frozenset({"helps", "not_measured", ""})
 
 # Queries answering one series per value of a label: query name -> label.
 VECTOR_LABELS = {
     "predictedSpeedup": "ratio",
     "ratioKeptAcceptance": "ratio",
     "draftHeadShare": "ratio",
-    "compressionCanHelp": "reason",
+    "compressionCanHelpReason": "reason",
 }
 PREDICTION_QUERIES = (
     "predictedSpeedup",
@@ -68,6 +84,7 @@ PREDICTION_QUERIES = (
     "draftHeadShare",
     "bestRatio",
     "compressionCanHelp",
+    "compressionCanHelpReason",
     "headRankingAge",
     "headRankingCoverage",
 )
@@ -117,6 +134,7 @@ def queries_for(view: TuningView, namespace: str, name: str, scaling: bool) -> d
             "draftHeadShare": q.draft_head_share,
             "bestRatio": q.best_ratio,
             "compressionCanHelp": q.compression_can_help,
+            "compressionCanHelpReason": q.compression_can_help_reason,
             "headRankingAge": q.head_ranking_age,
             "headRankingCoverage": q.head_ranking_coverage,
         }
@@ -195,15 +213,14 @@ def predictions_from(found: Mapping[str, Any]) -> Predictions | None:
 
     speedup = by_ratio("predictedSpeedup")
     can_help = found.get("compressionCanHelp")
-    if not speedup and not can_help:
+    if not speedup and can_help is None:
         return None
-    helps: bool | None = None
-    reason: str | None = None
-    if can_help:
-        worst = min(can_help, key=lambda k: can_help[k])
-        helps = can_help[worst] >= 0.5
-        if not helps and worst:
-            reason = worst
+    helps = None if can_help is None else can_help >= 0.5
+    reason = None
+    if helps is False:
+        pods = {k: v for k, v in (found.get("compressionCanHelpReason") or {}).items() if v > 0}
+        why = [k for k in sorted(pods, key=lambda k: -pods[k]) if k not in ENGINE_NOT_A_REASON]
+        reason = ENGINE_REASONS.get(why[0], why[0]) if why else None
     return Predictions(
         speedup=speedup,
         kept=by_ratio("ratioKeptAcceptance"),

@@ -18,6 +18,7 @@ from itertools import pairwise
 
 # Reasons of the CompressionEffective condition (and of holds that cite it).
 HEAD_SHARE_TOO_SMALL = "HeadShareTooSmall"
+ACCEPTANCE_LOSS = "AcceptanceLossOutweighsGain"
 NO_PREDICTED_GAIN = "NoPredictedGain"
 PREDICTED_GAIN = "PredictedGain"
 NO_PREDICTIONS = "NoPredictions"

@@ -130,6 +130,7 @@ class QueriesSpec(_Model):
     draft_head_share: str = DEFAULT_QUERIES["draftHeadShare"]
     best_ratio: str = DEFAULT_QUERIES["bestRatio"]
     compression_can_help: str = DEFAULT_QUERIES["compressionCanHelp"]
+    compression_can_help_reason: str = DEFAULT_QUERIES["compressionCanHelpReason"]
     head_ranking_age: str = DEFAULT_QUERIES["headRankingAge"]
     head_ranking_coverage: str = DEFAULT_QUERIES["headRankingCoverage"]
 

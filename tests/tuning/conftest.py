@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from slimspec_operator.contract import RATIO_KEY, format_ratio
+from slimspec_operator.ratio_predictions import ACCEPTANCE_LOSS, HEAD_SHARE_TOO_SMALL
 from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer, scrape_job
 from slimspec_testbed.tools import free_port
 
@@ -26,6 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "slimspecservice.yaml"
 KEDA_CRD_FILE = REPO / "tests" / "fixtures" / "keda" / "scaledobjects.keda.sh.yaml"
 
+
+# The engine's reason labels (slimspec_compression_can_help_info).
+ENGINE_REASON = {HEAD_SHARE_TOO_SMALL: "head_share_small", ACCEPTANCE_LOSS: "acceptance_loss"}
 
 # Fine buckets: histogram_quantile interpolates inside a bucket, so coarse ones
 # would hide a ratio's effect on p99.
@@ -99,10 +103,11 @@ class LoadExporter:
                 Gauge("slimspec_draft_head_share", "h", ["ratio"], registry=r),
                 Gauge("slimspec_ratio_best", "b", registry=r),
                 Gauge("slimspec_compression_can_help", "c", registry=r),
+                Gauge("slimspec_compression_can_help_info", "i", ["reason"], registry=r),
                 Gauge("slimspec_head_ranking_age_seconds", "a", registry=r),
                 Gauge("slimspec_head_ranking_coverage", "v", registry=r),
             ]
-        speedup, kept, share, best, can_help, age, coverage = self._predictions
+        speedup, kept, share, best, can_help, why, age, coverage = self._predictions
         pred = self.plant.predictions(self.claims)
         for ratio in GRID:
             label = format_ratio(ratio)
@@ -111,6 +116,9 @@ class LoadExporter:
             share.labels(label).set(pred.head_share[ratio])
         best.set(pred.best or 0.0)
         can_help.set(1.0 if pred.can_help else 0.0)
+        reason = "helps" if pred.can_help else ENGINE_REASON.get(pred.reason or "", "")
+        for r in ("helps", "head_share_small", "acceptance_loss", "not_measured"):
+            why.labels(r).set(1.0 if r == reason else 0.0)
         age.set(42.0)
         coverage.set(0.93)
 

@@ -169,14 +169,20 @@ def test_predictions_are_read_per_ratio_and_averaged_over_pods(
     prometheus_server: PrometheusFactory,
 ) -> None:
     """Two engine pods of one service export per-ratio predictions; the tuner's
-    read (tuning_tick.read_sample, the real path) averages them by ratio."""
+    read (tuning_tick.read_sample, the real path) averages them by ratio, and
+    only pods that have measured say whether compression can help."""
     servers, targets = [], []
-    for speedups, can_help in (({"0.0": 2.0, "0.3": 2.2}, 1), ({"0.0": 2.0, "0.3": 2.6}, 0)):
+    # The second pod has not measured yet: it exports 0 with the reason not_measured.
+    pods = (({"0.0": 2.0, "0.3": 2.2}, 1, "helps"), ({"0.0": 2.0, "0.3": 2.6}, 0, "not_measured"))
+    for speedups, can_help, reason in pods:
         reg = CollectorRegistry()
         g = Gauge("slimspec_ratio_predicted_speedup", "s", ["ratio"], registry=reg)
         for ratio, value in speedups.items():
             g.labels(ratio).set(value)
         Gauge("slimspec_compression_can_help", "c", registry=reg).set(can_help)
+        info = Gauge("slimspec_compression_can_help_info", "i", ["reason"], registry=reg)
+        for r in ("helps", "head_share_small", "acceptance_loss", "not_measured"):
+            info.labels(r).set(1.0 if r == reason else 0.0)
         Gauge("slimspec_ratio_best", "b", registry=reg).set(0.3)
         Counter("slimspec_requests", "r", ["endpoint", "code"], registry=reg)
         port = free_port()
@@ -195,7 +201,8 @@ def test_predictions_are_read_per_ratio_and_averaged_over_pods(
             query, lambda r: len(r) == 2 and all(len(s["metric"]) == 1 for s in r)
         )
         server.wait_for_query(
-            "count(slimspec_compression_can_help)", lambda r: bool(r) and r[0]["value"][1] == "2"
+            "count(slimspec_compression_can_help_info)",
+            lambda r: bool(r) and r[0]["value"][1] == "8",
         )
         view = TuningView.from_spec(
             {"prometheus": {"url": server.url}, "tuning": {"enabled": True}}
@@ -204,7 +211,7 @@ def test_predictions_are_read_per_ratio_and_averaged_over_pods(
         pred = sample.predictions
         assert pred is not None
         assert pred.speedup == {0.0: pytest.approx(2.0), 0.3: pytest.approx(2.4)}
-        assert pred.can_help is False  # one pod says no: no
+        assert pred.can_help is True  # the pod still measuring has no say
         assert pred.best == pytest.approx(0.3) and pred.kept == {}
     finally:
         for srv, thread in servers:

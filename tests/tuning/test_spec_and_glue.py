@@ -122,23 +122,37 @@ def test_vector_answers_and_predictions() -> None:
     assert info.value.reason == prom.BAD_RESPONSE
     s = sample_from(
         NOW,
-        {"p99Latency": 0.5, "requestRate": 3.0, "bestRatio": 0.3},
+        {"p99Latency": 0.5, "requestRate": 3.0, "bestRatio": 0.3, "compressionCanHelp": 1.0},
         {
             "predictedSpeedup": {"0.0": 2.0, "0.3": 2.4, "junk": 9.0},
             "ratioKeptAcceptance": PromError(prom.NO_DATA, "not measured yet"),
-            "compressionCanHelp": {"": 1.0},
+            "compressionCanHelpReason": {"helps": 2.0},
         },
     )
     assert s.predictions is not None and s.error is None
     assert s.predictions.speedup == {0.0: 2.0, 0.3: 2.4} and s.predictions.kept == {}
     assert s.predictions.best == 0.3 and s.predictions.can_help is True
+    assert s.predictions.reason is None
     cannot = sample_from(
         NOW,
-        {"requestRate": 3.0},
-        {"compressionCanHelp": {"HeadShareTooSmall": 0.0, "": 1.0}},  # one pod says no
+        {"requestRate": 3.0, "compressionCanHelp": 0.0},  # one measured pod says no
+        {"compressionCanHelpReason": {"head_share_small": 1.0, "helps": 1.0}},
     )
     assert cannot.predictions is not None and cannot.predictions.can_help is False
     assert cannot.predictions.reason == "HeadShareTooSmall"
+    loss = sample_from(
+        NOW,
+        {"requestRate": 3.0, "compressionCanHelp": 0.0},
+        {"compressionCanHelpReason": {"acceptance_loss": 2.0, "not_measured": 1.0}},
+    )
+    assert loss.predictions is not None and loss.predictions.reason == "AcceptanceLossOutweighsGain"
+    # Every pod still measuring: the can-help query has no series, nothing is known.
+    unmeasured = sample_from(
+        NOW,
+        {"requestRate": 3.0, "compressionCanHelp": PromError(prom.NO_DATA, "")},
+        {"compressionCanHelpReason": {"not_measured": 2.0}},
+    )
+    assert unmeasured.predictions is None
     none = sample_from(NOW, {"requestRate": 3.0}, {"predictedSpeedup": PromError("NoData", "")})
     assert none.predictions is None
 
