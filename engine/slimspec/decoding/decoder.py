@@ -25,21 +25,27 @@ import torch
 from slimspec.cpu.draft_quantization import AUTO, FUSED_LOW_BIT, quantize_draft, resolve_auto
 from slimspec.cpu.target_packing import maybe_pack_target
 from slimspec.decoding.adaptive import CostModel, choose_batch_k
-from slimspec.decoding.drafting import HeadDrafter, Proposal
-from slimspec.decoding.quality import REASON_QUALITY, ShadowCheck
+from slimspec.decoding.compression import CompressedHead, resolve_rerank
+from slimspec.decoding.drafting import HeadDrafter
+from slimspec.decoding.quality import ShadowCheck
+from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.rows import RowBatch
 from slimspec.decoding.settings import DecoderSettings, StepSettings
 from slimspec.decoding.siblings import resolve_sibling_drafts
 from slimspec.decoding.stats import DecoderStats
 from slimspec.decoding.types import GenerationRequest, GenerationResult, SamplingParams, StepOutput
-from slimspec.decoding.verification import TargetVerifier, Verdict
+from slimspec.decoding.verification import TargetVerifier
 from slimspec.draft_head.artifact import (
     CalibrationArtifact,
+    artifact_time,
     draft_head_for,
     find_artifact,
     resolve_artifact,
+    special_token_ids,
 )
-from slimspec.draft_head.head import HeadConfig, check_ratio, check_vocab_size
+from slimspec.draft_head.head import DraftHead, HeadConfig, check_ratio, check_vocab_size
+from slimspec.draft_head.traffic import RankingStatus, TrafficRanking
+from slimspec.draft_head.traffic_store import resolve_counts_path
 from slimspec.weights.loading import (
     check_draft_vocabulary,
     check_same_vocabulary,
@@ -91,6 +97,7 @@ class SpeculativeDecoder:
             vocab_size=vocab_size,
             calibration=calibration,
             names=(str(target_path), str(draft_path)),
+            loaded_by_name=True,
             **options,
         )
 
@@ -159,7 +166,10 @@ class SpeculativeDecoder:
         adaptive_skip: bool = True,
         shadow_min_samples: int = 64,
         shadow_window: int = 256,
+        rerank_from_traffic: bool | None = None,
+        traffic_counts: str | Path | None = None,
         names: tuple[str, str] = ("target", "draft"),
+        loaded_by_name: bool = False,
     ) -> None:
         self._settings = DecoderSettings(
             compression_ratio,
@@ -175,7 +185,7 @@ class SpeculativeDecoder:
         self.device = self.target.get_output_embeddings().weight.device
         draft_vocab = check_draft_vocabulary(self.target, self.draft, tokenizer)
         self.calibration = resolve_artifact(calibration, draft_vocab)
-        self.head = draft_head_for(self.draft.get_output_embeddings(), self.calibration, tokenizer)
+        head = draft_head_for(self.draft.get_output_embeddings(), self.calibration, tokenizer)
         if draft_quantization == AUTO:
             draft_quantization = resolve_auto(self.draft, self.device)
         self.draft_quantization = draft_quantization
@@ -184,14 +194,28 @@ class SpeculativeDecoder:
         if draft_quantization is not None:
             self.draft = quantize_draft(self.draft, draft_quantization)
             if draft_quantization in FUSED_LOW_BIT:
-                self.head.use_low_bit(8)  # the subset head's rows in int8 too, where native
+                head.use_low_bit(8)  # the subset head's rows in int8 too, where native
         self.adaptive_skip = adaptive_skip
         self.stats = DecoderStats()
-        self._shadow = ShadowCheck(shadow_every, shadow_min_samples, shadow_window)
         self._cost = CostModel()
         self._verifier = TargetVerifier(self.target, self._clock)
         self._drafter = HeadDrafter(
-            self.draft, self.head, self.calibration, vocab_cap, siblings, self._clock
+            self.draft, head, self.calibration, vocab_cap, siblings, self._clock
+        )
+        # The head follows the traffic; counts persist for a draft loaded by name.
+        counts = resolve_counts_path(
+            traffic_counts, names[1] if loaded_by_name else None, head.vocab
+        )
+        traffic = TrafficRanking(
+            head,
+            special_token_ids(tokenizer),
+            counts,
+            artifact_time(calibration),
+            resolve_rerank(rerank_from_traffic),
+        )
+        self._shadow = ShadowCheck(shadow_every, shadow_min_samples, shadow_window)
+        self._compressed = CompressedHead(
+            self._drafter, self._settings, self._cost, self._shadow, traffic, self.calibration
         )
         max_positions = getattr(
             self.target.config.get_text_config(), "max_position_embeddings", None
@@ -249,6 +273,20 @@ class SpeculativeDecoder:
     @property
     def target_vocab(self) -> int:
         return self._verifier.vocab
+
+    @property
+    def head(self) -> DraftHead:
+        """The compressed head in use (a re-rank from traffic replaces it between steps)."""
+        return self._drafter.head
+
+    @property
+    def ratio_report(self) -> RatioReport | None:
+        """The latest prediction of what each ratio costs and buys (ratio_monitor.py)."""
+        return self._compressed.report
+
+    def ranking_status(self) -> RankingStatus:
+        """Where the head's token ranking comes from, its age and coverage."""
+        return self._compressed.ranking_status()
 
     def head_config(self, ratio: float | None = None) -> HeadConfig:
         """The concrete head used at a ratio (the ratio in force by default)."""
@@ -326,10 +364,13 @@ class SpeculativeDecoder:
         self.generate_batch([greedy])
         self.generate_batch([GenerationRequest("__warmup2__", prompt, 4, sampled, frozenset())])
         self.stats = DecoderStats()
+        with self._step_lock:
+            self._compressed.measure_heads(self._clock, self._settings.snapshot())
 
     # ----------------------------------------------------------------- the step
     def step(self) -> list[StepOutput]:
         with self._step_lock, torch.inference_mode():
+            self._compressed.before_step()
             outputs = self._batch.admit(self.stats)
             if self._batch.rows:
                 outputs.extend(self._speculate())
@@ -351,9 +392,13 @@ class SpeculativeDecoder:
             proposal.seconds, verdict.seconds, k, proposal.catch_up_s, verified, len(rows)
         )
         if shadow:
-            self._shadow_check(proposal, verdict, s)
+            self._compressed.shadow_check(proposal, verdict, s, self.stats)
         outcomes = verdict.outcomes(proposal)
-        return batch.advance(outcomes, k, proposal.seconds, verdict.seconds, self.stats)
+        n_rows = len(rows)
+        outputs = batch.advance(outcomes, k, proposal.seconds, verdict.seconds, self.stats)
+        accepted = [o.accepted for o in outcomes]
+        self._compressed.after_step(n_rows, s, proposal, accepted, outputs)
+        return outputs
 
     def _choose_k(self, s: StepSettings, all_greedy: bool) -> int:
         """The step's k: fixed, or adaptive. k = 0 (a plain target step) only for
@@ -371,26 +416,6 @@ class SpeculativeDecoder:
         )
         self._batch.count_idle(k)
         return k
-
-    def _shadow_check(self, proposal: Proposal, verdict: Verdict, s: StepSettings) -> None:
-        """Score the full head on this step's draft positions (one call for all k, after
-        the timed phases) and let the quality check lower the ratio."""
-        if verdict.target_argmax is None:
-            return
-        full = self.head.full_argmax(torch.stack(proposal.shadow_hidden, dim=1))
-        kept, new = self._shadow.check(
-            torch.stack(proposal.shadow_argmax, dim=1),
-            full,
-            verdict.target_argmax[:, : proposal.k],
-            s.threshold,
-            s.strategy,
-            s.ratio,
-        )
-        self.stats.kept_acceptance = kept
-        self.stats.shadow_samples = self._shadow.monitor.total_samples
-        if new is not None:
-            self._settings.fall_back(s.ratio, new)
-            self.stats.record_fallback(REASON_QUALITY)
 
     def _clock(self) -> float:
         """Seconds, once the device has finished its queued work (phase timing)."""

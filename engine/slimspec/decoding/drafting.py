@@ -32,6 +32,7 @@ class Proposal:
     cache_start: int  # draft cache column of the first drafted token's slot
     seconds: float  # the phase's time
     catch_up_s: float | None  # the first forward's time, when it also fed a backlog
+    head_s: float | None = None  # the head's share of `seconds` (None: not timed)
     shadow_argmax: list[torch.Tensor] = field(default_factory=list)  # per depth (B,)
     shadow_hidden: list[torch.Tensor] = field(default_factory=list)  # per depth (B, d)
 
@@ -71,6 +72,8 @@ class HeadDrafter:
         self.vocab_cap = vocab_cap
         self.sibling_drafts = sibling_drafts
         self._clock = clock  # seconds, after the device finished its queued work
+        # The head is timed apart on CPU only: on a GPU that would mean a sync per forward.
+        self.time_head = self.head.ranked_weight.device.type == "cpu"
 
     def head_config(self, ratio: float) -> HeadConfig:
         """The concrete head used at a ratio: the calibration's choice (a subset by the
@@ -91,7 +94,8 @@ class HeadDrafter:
         self, batch: RowBatch, k: int, sampling: BatchSampling, ratio: float, shadow: bool
     ) -> Proposal:
         cfg = self.head_config(ratio)
-        token_ids = self.head.token_ids(cfg)
+        head = self.head  # one head object for the whole step (a re-rank swaps it between steps)
+        token_ids = head.token_ids(cfg)
         # Greedy batches also propose the draft's runner-up at the first m depths.
         m = min(k, self.sibling_drafts) if sampling.all_greedy and len(token_ids) > 1 else 0
         t0 = self._clock()
@@ -105,12 +109,17 @@ class HeadDrafter:
         q_subset: list[torch.Tensor] = []
         shadow_argmax: list[torch.Tensor] = []
         shadow_hidden: list[torch.Tensor] = []
-        first_s = 0.0
+        first_s = head_s = 0.0
         for j in range(k):
             if j == 1:
                 first_s = self._clock() - t0
             hidden = forward(self.base, kv, inp, inp_pos, inp_real)[:, -1]
-            logits = self.head.logits(hidden, cfg)
+            if self.time_head:
+                th = time.perf_counter()
+                logits = head.logits(hidden, cfg)
+                head_s += time.perf_counter() - th
+            else:
+                logits = head.logits(hidden, cfg)
             if j < m:
                 top2 = logits.topk(2, dim=-1).indices
                 idx = top2[:, 0]
@@ -142,6 +151,7 @@ class HeadDrafter:
             cache_start,
             seconds,
             catch_up_s=first_s if backlog > 2 else None,
+            head_s=head_s if self.time_head and k > 0 else None,
             shadow_argmax=shadow_argmax,
             shadow_hidden=shadow_hidden,
         )

@@ -106,6 +106,35 @@ class QualityMonitor:
         return kept_share(c, f)
 
 
+class RatioKept:
+    """Kept acceptance of every served ratio, from the same shadowed positions: one
+    scoring of the full head's ranked rows gives every subset's choice (a prefix), so
+    the ratios not in force are measured too, not modelled (ratio_model.py reads it).
+    A sliding window per ratio; thread-safe reads."""
+
+    def __init__(self, ratios: tuple[float, ...] = RATIO_LADDER, window: int = 512) -> None:
+        self.ratios = tuple(r for r in ratios if r > 0)
+        self._windows = {r: QualityMonitor(window) for r in self.ratios}
+
+    def add(self, matches: dict[float, list[bool]], full: list[bool]) -> None:
+        """Per ratio, whether that ratio's head matched the target at each position, and
+        whether the full head did."""
+        for r, ms in matches.items():
+            mon = self._windows.get(r)
+            if mon is None:
+                continue
+            for cm, fm in zip(ms, full, strict=True):
+                mon.add(cm, fm)
+
+    def reset(self) -> None:
+        for mon in self._windows.values():
+            mon.reset()
+
+    def measured(self) -> dict[float, tuple[float, int]]:
+        """ratio -> (kept share, samples in the window), for the ratios with samples."""
+        return {r: (m.kept, m.samples) for r, m in self._windows.items() if m.samples}
+
+
 class ShadowCheck:
     """The decoder's shadow check: on which steps to also score the full head, and
     what the samples say about the ratio in force."""
@@ -114,12 +143,22 @@ class ShadowCheck:
         self.every = every
         self.min_samples = min_samples
         self.monitor = QualityMonitor(window)
+        self.by_ratio = RatioKept(window=2 * window)
         self._steps = 0
 
     def due(self, k: int, ratio: float) -> bool:
-        """Count a step; True when it should shadow (drafting, compressed, every `every`)."""
+        """Count a step; True when it should shadow (drafting, every `every`). At ratio 0
+        too: the shadow also measures the ratios not in force."""
         self._steps += 1
-        return k > 0 and ratio > 0 and self.every > 0 and self._steps % self.every == 0
+        return k > 0 and self.every > 0 and self._steps % self.every == 0
+
+    def check_ratios(self, by_ratio: dict[float, Tensor], full: Tensor, target: Tensor) -> None:
+        """Record every ratio's (B, k) argmaxes against the full head's and the target's."""
+        f = (full == target).flatten().tolist()
+        self.by_ratio.add(
+            {r: (am == target).flatten().tolist() for r, am in by_ratio.items()},
+            [bool(x) for x in f],
+        )
 
     def check(
         self,

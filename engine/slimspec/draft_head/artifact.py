@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sysconfig
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,7 @@ def save_artifact(art: CalibrationArtifact, out_dir: str | Path) -> Path:
         tensors["a"] = art.a.float().contiguous()
         tensors["b"] = art.b.float().contiguous()
     save_file(tensors, str(out / "head.safetensors"))
+    art.meta.setdefault("created", time.time())
     doc = {
         "format": FORMAT_VERSION,
         "meta": art.meta,
@@ -110,6 +112,18 @@ def load_artifact(path: str | Path) -> CalibrationArtifact:
         table=doc.get("table", []),
         meta=doc.get("meta", {}),
     )
+
+
+def artifact_time(calibration: str | Path | CalibrationArtifact | None) -> float | None:
+    """When an artifact's ranking was made (unix time): its `created` meta, else the
+    mtime of its calibration.json; None without one."""
+    if isinstance(calibration, CalibrationArtifact):
+        created = calibration.meta.get("created")
+        return float(created) if isinstance(created, int | float) else None
+    if calibration is None:
+        return None
+    path = Path(calibration) / "calibration.json"
+    return path.stat().st_mtime if path.is_file() else None
 
 
 def find_artifact(draft_path: str | Path | None) -> Path | None:

@@ -102,6 +102,7 @@ class DraftHead:
 
         # the ranked rows in low bits, see use_low_bit
         self._low_bit: native_kernels.NativeLowBitLinear | None = None
+        self._low_bit_bits = 8
 
     def use_low_bit(self, bits: int = 8) -> bool:
         """Score full-rank subsets with `bits`-bit copies of the ranked rows through the
@@ -127,6 +128,7 @@ class DraftHead:
         if bias is not None:
             bias = torch.nn.functional.pad(bias.float(), (0, pad))
         self._low_bit = native_kernels.NativeLowBitLinear(w, bias, lib, bits)
+        self._low_bit_bits = bits
         return True
 
     @property
@@ -178,6 +180,47 @@ class DraftHead:
         """Logits of the original head over the full vocabulary (original token order)."""
         hidden = hidden.to(self.full_weight.dtype)
         return torch.nn.functional.linear(hidden, self.full_weight, self.full_bias)
+
+    def argmax_by_config(self, hidden: torch.Tensor, cfgs: list[HeadConfig]) -> list[torch.Tensor]:
+        """(..., d) -> per config, (...) the token ids that head would pick. Full-rank
+        subsets are prefixes of the ranked rows, so one scoring of all rows serves them
+        all (the shadow check measures every ratio at the cost of one); low-rank
+        configurations are scored on their own (they are cheap)."""
+        full = self.logits(hidden, HeadConfig(self.vocab, None))
+        out = []
+        for cfg in cfgs:
+            if cfg.rank is None:
+                out.append(self.ranking[full[..., : cfg.subset_size].argmax(dim=-1)])
+            else:
+                out.append(self.ranking[self.logits(hidden, cfg).argmax(dim=-1)])
+        return out
+
+    def reranked(self, ranking: torch.Tensor) -> DraftHead:
+        """A new head over the same weights with another token ranking (the old one is
+        left as it is, so the decoder can swap the whole object between steps).
+
+        Low-rank rows follow their tokens; a token that enters the low-rank rows without
+        a fitted row gets the least-squares row b = w A^+ (its head row projected on the
+        fitted components). Low-bit rows are rebuilt if this head had them."""
+        ranking = ranking.to(device=self.ranking.device, dtype=torch.long)
+        a = b = None
+        if self.a is not None and self.b is not None:
+            n = self.low_rank_rows
+            old_pos = torch.full((self.vocab,), -1, dtype=torch.long, device=ranking.device)
+            old_pos[self.ranking[:n]] = torch.arange(n, device=ranking.device)
+            pos = old_pos[ranking[:n]]
+            b = torch.empty_like(self.b)
+            have = pos >= 0
+            b[have] = self.b[pos[have]]
+            if not bool(have.all()):
+                pinv = torch.linalg.pinv(self.a.float())  # (d, r_max)
+                rows = self.full_weight.index_select(0, ranking[:n][~have]).float()
+                b[~have] = (rows @ pinv).to(b.dtype)
+            a = self.a
+        head = DraftHead(self.full_weight, ranking, a=a, b=b, bias=self.full_bias)
+        if self._low_bit is not None:
+            head.use_low_bit(self._low_bit_bits)
+        return head
 
     def full_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., d) -> (...) token ids the ratio-0 head of this draft picks: the shadow

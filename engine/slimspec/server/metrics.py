@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from slimspec.server.compression_metrics import CompressionMetrics
 from slimspec.server.scheduler import Engine
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,8 @@ class Metrics:
             "slimspec_batch_size", "Requests per decode step", buckets=BATCH_BUCKETS, registry=r
         )
         self.model_info = Info("slimspec_model", "Model being served", registry=r)
+        # what each compression ratio costs and buys, and the head's token ranking
+        self.compression = CompressionMetrics(r)
         if enable_gpu and (gpu := _gpu_collector()) is not None:
             r.register(gpu)  # type: ignore[arg-type]
         self._last: dict[int, dict[str, float]] = {}
@@ -219,6 +222,7 @@ class Metrics:
         ratio = getattr(engine, "compression_ratio", None)
         if isinstance(ratio, int | float):
             self.compression_ratio.set(ratio)
+        self.compression.observe(engine)
 
     def forget_engine(self, engine: Engine) -> None:
         self._last.pop(id(engine), None)

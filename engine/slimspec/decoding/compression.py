@@ -1,0 +1,150 @@
+"""The decoder's compressed head over time: the shadow check, what each ratio costs and
+buys (ratio_monitor.py), and the head following the traffic (draft_head/traffic.py).
+
+Called on the step thread only: before a step (swap in a re-ranked head, as one
+object, so every ratio's slices change together), after verification (the shadow
+check), and after a step (count emitted tokens, record timings, refresh the report).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from slimspec.decoding.adaptive import CostModel, draft_forward_seconds
+from slimspec.decoding.drafting import HeadDrafter, Proposal
+from slimspec.decoding.quality import REASON_QUALITY, ShadowCheck
+from slimspec.decoding.ratio_monitor import RatioMonitor, RatioReport
+from slimspec.decoding.settings import DecoderSettings, StepSettings
+from slimspec.decoding.stats import DecoderStats
+from slimspec.decoding.types import StepOutput
+from slimspec.decoding.verification import Verdict
+from slimspec.draft_head.artifact import CalibrationArtifact
+from slimspec.draft_head.head import HeadConfig
+from slimspec.draft_head.traffic import RankingStatus, TrafficRanking
+
+ENV_RERANK = "SLIMSPEC_HEAD_RERANK"  # "0" keeps the calibration ranking
+
+
+def resolve_rerank(option: bool | None) -> bool:
+    if option is None:
+        return os.environ.get(ENV_RERANK, "1").strip().lower() not in ("0", "false", "off")
+    if not isinstance(option, bool):
+        raise ValueError(f"rerank_from_traffic must be a bool or None, got {option!r}")
+    return option
+
+
+def prior_kept(calibration: CalibrationArtifact | None) -> dict[float, float]:
+    """Kept acceptance per ratio as calibration measured it (the prior until measured)."""
+    if calibration is None:
+        return {}
+    return {
+        round(float(row["compression_ratio"]), 2): float(row.get("kept", 1.0))
+        for row in calibration.table
+        if "compression_ratio" in row
+    }
+
+
+class CompressedHead:
+    """The shadow check, the ratio report and the traffic ranking of one decoder."""
+
+    def __init__(
+        self,
+        drafter: HeadDrafter,
+        settings: DecoderSettings,
+        cost: CostModel,
+        shadow: ShadowCheck,
+        traffic: TrafficRanking,
+        calibration: CalibrationArtifact | None,
+    ) -> None:
+        self.drafter = drafter
+        self.settings = settings
+        self.cost = cost
+        self.shadow = shadow
+        self.traffic = traffic
+        self.monitor = RatioMonitor()
+        self._prior_kept = prior_kept(calibration)
+
+    @property
+    def report(self) -> RatioReport | None:
+        return self.monitor.report
+
+    def ranking_status(self) -> RankingStatus:
+        cfg = self.drafter.head_config(self.settings.ratio)
+        return self.traffic.status(cfg.subset_size)
+
+    # ----------------------------------------------------------------- step thread
+    def before_step(self) -> None:
+        """Swap in a re-ranked head; the fallback window judged the old ranking, so it
+        starts anew (the guard then judges the ranking in use)."""
+        new = self.traffic.take_ready()
+        if new is not None:
+            self.drafter.head = new
+            self.shadow.monitor.reset()
+            self.shadow.by_ratio.reset()
+
+    def shadow_check(
+        self, proposal: Proposal, verdict: Verdict, s: StepSettings, stats: DecoderStats
+    ) -> None:
+        """Score the full head's ranked rows on this step's draft positions (one call for
+        all k, after the timed phases): every ratio's kept acceptance, and the fallback
+        decision for the ratio in force."""
+        if verdict.target_argmax is None:
+            return
+        head = self.drafter.head
+        hidden = torch.stack(proposal.shadow_hidden, dim=1)
+        target = verdict.target_argmax[:, : proposal.k]
+        ratios = [r for r in self.shadow.by_ratio.ratios]
+        cfgs = [HeadConfig(head.vocab, None)] + [self.drafter.head_config(r) for r in ratios]
+        full, *others = head.argmax_by_config(hidden, cfgs)
+        self.shadow.check_ratios(dict(zip(ratios, others, strict=True)), full, target)
+        if s.ratio <= 0:
+            return
+        kept, new = self.shadow.check(
+            torch.stack(proposal.shadow_argmax, dim=1),
+            full,
+            target,
+            s.threshold,
+            s.strategy,
+            s.ratio,
+        )
+        stats.kept_acceptance = kept
+        stats.shadow_samples = self.shadow.monitor.total_samples
+        if new is not None:
+            self.settings.fall_back(s.ratio, new)
+            stats.record_fallback(REASON_QUALITY)
+
+    def after_step(
+        self,
+        rows: int,
+        s: StepSettings,
+        proposal: Proposal,
+        accepted: Sequence[int],
+        outputs: Sequence[StepOutput],
+    ) -> None:
+        k = proposal.k
+        forward = draft_forward_seconds(proposal.seconds, k, proposal.catch_up_s)
+        head = proposal.head_s / k if proposal.head_s is not None and k > 0 else None
+        if self.monitor.observe(rows, s.ratio, forward, head, accepted, k):
+            self.refresh(s)
+        self.traffic.observe([t for o in outputs for t in o.new_token_ids])
+        cfg = self.drafter.head_config(s.ratio)
+        self.traffic.maybe_start(self.drafter.head, cfg.subset_size)
+
+    def refresh(self, s: StepSettings) -> RatioReport | None:
+        return self.monitor.refresh(
+            s.ratio,
+            self.cost.verify.line(),
+            self.shadow.by_ratio.measured(),
+            self._prior_kept,
+            s.max_draft_tokens,
+            s.fixed_k,
+        )
+
+    def measure_heads(self, clock: Callable[[], float], s: StepSettings) -> Any:
+        """Micro-time every ratio's head (warm-up), then make the first report."""
+        self.monitor.measure_heads(self.drafter.head, self.drafter.head_config, clock)
+        return self.refresh(s)

@@ -1,0 +1,115 @@
+"""What each ratio costs and buys (decoding/ratio_model.py): pure predictions."""
+
+from __future__ import annotations
+
+import pytest
+from slimspec.decoding.ratio_model import (
+    REASON_ACCEPTANCE,
+    REASON_HEAD_SMALL,
+    REASON_HELPS,
+    REASON_NOT_MEASURED,
+    Acceptance,
+    StepCosts,
+    assess,
+    best_k_rate,
+    kept_standard_error,
+    material_change,
+    predict,
+    target_only_rate,
+)
+
+RATIOS = (0.0, 0.3, 0.5, 0.8, 0.9, 0.95)
+VERIFY = (0.160, 0.004)  # a packed 1.5B target: ~0.16 s a verification, a little per token
+
+
+def head_times(full_s: float) -> dict[float, float]:
+    """A subset head's time is about its share of the rows (memory-bound)."""
+    return {r: full_s * (1 - r) + 1e-5 for r in RATIOS}
+
+
+def acceptance(kept: dict[float, float], se: float = 0.01) -> Acceptance:
+    return Acceptance(0.75, {0.0: 1.0, **kept}, {0.0: 0.0, **{r: se for r in kept}})
+
+
+KEPT = {0.3: 1.0, 0.5: 0.99, 0.8: 0.97, 0.9: 0.96, 0.95: 0.94}
+
+
+def decide(costs: StepCosts, acc: Acceptance):
+    pts = predict(costs, acc, k_max=8)
+    free = predict(costs, Acceptance(acc.alpha_full, {}, {r: 0.0 for r in RATIOS}), k_max=8)
+    return pts, assess(pts, free)
+
+
+def test_head_heavy_bf16_draft_a_larger_ratio_helps():
+    # bf16 draft: 40 ms of body, a 16 ms full head (docs/engine.md's profile)
+    costs = StepCosts(1, 0.040, head_times(0.016), VERIFY)
+    pts, a = decide(costs, acceptance(KEPT))
+    assert pts[0.8].speedup > pts[0.0].speedup * 1.05
+    assert pts[0.0].head_share == pytest.approx(0.016 / 0.056, rel=1e-3)
+    assert a.can_help and a.reason == REASON_HELPS and a.best > 0.0
+    # and the speed-up is over target-only: speculation pays at every ratio here
+    assert all(p.speedup > 1.0 for p in pts.values())
+
+
+def test_int4_draft_with_a_small_head_cannot_help():
+    # int4 draft: a ~1 ms head of a ~13 ms step; the cheaper head buys under 1%
+    costs = StepCosts(1, 0.012, head_times(0.001), VERIFY)
+    pts, a = decide(costs, acceptance(KEPT))
+    assert not a.can_help and a.best == 0.0
+    assert a.reason == REASON_HEAD_SMALL
+    assert pts[0.95].speedup < pts[0.0].speedup  # the acceptance it loses costs more
+
+
+def test_acceptance_loss_reason_when_a_free_head_would_help():
+    costs = StepCosts(1, 0.040, head_times(0.016), VERIFY)
+    lossy = acceptance({r: 0.80 for r in KEPT if r > 0})
+    _, a = decide(costs, lossy)
+    assert not a.can_help and a.reason == REASON_ACCEPTANCE and a.best == 0.0
+
+
+def test_uncertain_kept_acceptance_does_not_count_as_help():
+    """The same head-heavy draft, but the kept shares rest on a handful of samples: the
+    lower bound no longer beats ratio 0 by the margin."""
+    costs = StepCosts(1, 0.040, head_times(0.016), VERIFY)
+    _, sure = decide(costs, acceptance(KEPT, se=0.005))
+    _, unsure = decide(costs, acceptance(KEPT, se=0.08))
+    assert sure.can_help and not unsure.can_help
+
+
+def test_best_is_the_smallest_of_the_near_fastest_ratios():
+    costs = StepCosts(1, 0.040, head_times(0.016), VERIFY)
+    pts, a = decide(costs, acceptance(dict.fromkeys(KEPT, 1.0), se=0.0))
+    top = max(p.speedup for p in pts.values())
+    assert pts[a.best].speedup * (1 + a.margin) >= top
+    assert all(pts[r].speedup * (1 + a.margin) < top for r in pts if 0 < r < a.best)
+
+
+def test_batch_size_changes_the_prediction():
+    """At 8 rows the verification is dearer (more tokens), so the draft step is a
+    smaller share of a step and the head matters less."""
+    one = predict(StepCosts(1, 0.04, head_times(0.016), (0.16, 0.004)), acceptance(KEPT), 8)
+    eight = predict(StepCosts(8, 0.05, head_times(0.018), (0.16, 0.004)), acceptance(KEPT), 8)
+    gain = lambda p: p[0.8].speedup / p[0.0].speedup  # noqa: E731
+    assert gain(eight) < gain(one)
+    assert target_only_rate((0.16, 0.004), 8) == pytest.approx(8 / 0.192)
+
+
+def test_best_k_follows_the_cost_model():
+    k, length, step = best_k_rate(0.9, 0.005, (0.1, 0.0), 1, 8)
+    assert length == pytest.approx((1 - 0.9**9) / 0.1)
+    assert k == 8 and step == pytest.approx(0.14)
+    k, _, _ = best_k_rate(0.3, 0.05, (0.1, 0.0), 1, 8)
+    assert k == 1
+    assert best_k_rate(0.9, 0.005, (0.1, 0.0), 1, 8, fixed_k=3)[0] == 3
+
+
+def test_not_measured_without_ratio_zero():
+    assert assess({}, {}).reason == REASON_NOT_MEASURED
+
+
+def test_kept_standard_error_and_material_change():
+    assert kept_standard_error(0.9, 0) > kept_standard_error(0.9, 100) > 0
+    assert kept_standard_error(1.0, 400) > 0  # never claims certainty
+    assert not material_change({0.0: 2.0, 0.8: 2.1}, {0.0: 2.02, 0.8: 2.1}, 0.05)
+    assert material_change({0.0: 2.0, 0.8: 2.1}, {0.0: 2.0, 0.8: 2.5}, 0.05)
+    assert material_change({0.0: 2.0}, {0.0: 2.0, 0.8: 2.1}, 0.05)

@@ -1,0 +1,90 @@
+"""The decoder's measurements per ratio (ratio_monitor.py, the shadow check across
+ratios) and their export (server/compression_metrics.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from slimspec import SpeculativeDecoder
+from slimspec.decoding.quality import RATIO_LADDER, RatioKept
+from slimspec.decoding.ratio_monitor import HeadTimes, RatioMonitor, describe
+from slimspec.server.metrics import Metrics
+
+from tests.engine.helpers import prompts
+from tests.support.tiny_models import TINY_VOCAB
+
+
+def test_head_times_interpolate_in_rows_and_follow_the_online_scale():
+    ht = HeadTimes()
+    ht.set_micro(1, {0.0: 0.010, 0.8: 0.002})
+    ht.set_micro(8, {0.0: 0.024, 0.8: 0.004})
+    assert ht.at(1)[0.0] == pytest.approx(0.010)
+    assert ht.at(4)[0.0] == pytest.approx(0.016)
+    assert ht.at(15)[0.0] == pytest.approx(0.038)  # linear beyond the largest measured batch
+    for _ in range(100):  # in service the head at 0.8 takes twice the micro-timing
+        ht.refine(1, 0.8, 0.004)
+    assert ht.scaled(1)[0.0] == pytest.approx(0.020, rel=0.05)
+
+
+def test_body_time_is_a_forward_without_its_head():
+    m = RatioMonitor()
+    m.heads.set_micro(1, dict.fromkeys(RATIO_LADDER, 0.001))
+    for _ in range(30):
+        m.observe(1, 0.0, forward_s=0.013, head_s=0.001, accepted=[2], k=3)
+    assert m.body_seconds(1) == pytest.approx(0.012)
+    assert m.body_seconds(4) == pytest.approx(0.012)  # nearest measured batch size
+    assert m.refresh(0.0, None, {}, {}, 8, None) is None  # no verification line yet
+
+
+def test_ratio_kept_windows_per_ratio():
+    rk = RatioKept((0.0, 0.5, 0.9), window=8)
+    rk.add({0.5: [True, True], 0.9: [False, True]}, [True, True])
+    assert rk.measured() == {0.5: (1.0, 2), 0.9: (0.5, 2)}
+    rk.reset()
+    assert rk.measured() == {}
+
+
+def test_decoder_reports_every_ratio_after_warmup(tiny_llama_pair, caplog):
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.0, shadow_every=1)
+    assert dec.ratio_report is None
+    with caplog.at_level(logging.INFO, logger="slimspec.ratios"):
+        dec.warmup()
+    rep = dec.ratio_report
+    assert rep is not None and set(rep.points) == set(RATIO_LADDER)
+    assert "ratio predictions" in caplog.text  # logged at start
+    assert all(p.speedup > 0 and 0 <= p.head_share <= 1 for p in rep.points.values())
+    # serving at ratio 0, the shadow check still measures the other ratios
+    for p in prompts(3, TINY_VOCAB, seed=7):
+        dec.generate(p, 40, stop_token_ids=[])
+    rep = dec.ratio_report
+    assert set(rep.kept_measured) == {r for r in RATIO_LADDER if r > 0}
+    assert all(0 <= k <= 1.5 for k in rep.kept_measured.values())
+    assert "best" in describe(rep)
+
+
+def test_metrics_export_the_report(tiny_llama_pair):
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.5, shadow_every=1)
+    m = Metrics(enable_gpu=False)
+    before = m.render().decode()
+    assert 'slimspec_compression_can_help_info{reason="not_measured"} 1.0' in before
+    assert "slimspec_ratio_predicted_speedup{" not in before
+    dec.warmup()
+    dec.generate(prompts(1, TINY_VOCAB, seed=9)[0], 40, stop_token_ids=[])
+    m.observe_step(dec, 1)
+    text = m.render().decode()
+    for label in ("0.0", "0.3", "0.5", "0.95"):
+        assert f'slimspec_ratio_predicted_speedup{{ratio="{label}"}}' in text
+        assert f'slimspec_draft_head_share{{ratio="{label}"}}' in text
+    assert 'slimspec_ratio_kept_acceptance{ratio="0.8"}' in text
+    assert "slimspec_ratio_best " in text and "slimspec_compression_can_help " in text
+    assert 'slimspec_compression_can_help_info{reason="not_measured"} 0.0' in text
+    assert 'slimspec_head_ranking_source_info{source="calibration"} 1.0' in text
+    assert "slimspec_head_ranking_coverage " in text
+    assert "slimspec_head_reranks_total 0.0" in text
+    age = next(
+        ln for ln in text.splitlines() if ln.startswith("slimspec_head_ranking_age_seconds ")
+    )
+    assert float(age.split()[1]) >= 0
