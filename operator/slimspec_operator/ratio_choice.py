@@ -130,12 +130,12 @@ def _latency_direction(sit: Situation) -> int | Decision:
 
 
 def _cannot_help(sit: Situation, pred: rp.Predictions) -> Decision:
-    """The engines say no ratio beats the full head: go to the lowest allowed
-    ratio (or the one predicted fastest) and stay there."""
+    """The engines say no ratio beats the full head beyond their uncertainty: go
+    to the lowest allowed ratio (or the engines' best, if they name a higher one)
+    and stay there; never raise."""
     s = sit.s
-    desired = rp.fastest(pred, s.min_ratio, s.max_ratio, s.min_predicted_gain)
-    if desired is None:
-        desired = s.min_ratio
+    best = pred.best if pred.best is not None else s.min_ratio
+    desired = min(max(best, s.min_ratio), s.max_ratio)
     reason = rp.cannot_help_reason(pred)
     if sit.ratio > desired + _EPS:
         if (b := sit.blocked(DOWN)) is not None:

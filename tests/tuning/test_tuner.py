@@ -102,6 +102,16 @@ def test_compression_cannot_help_goes_to_min_and_never_raises() -> None:
     assert d.changed and d.reason == tuner.CANNOT_HELP and d.ratio == pytest.approx(0.2)
     d = decide(trace([0.6, 0.6], pred=cannot), 0.1, S, at(60))
     assert not d.changed and d.reason == tuner.CANNOT_HELP
+    # Where the engines name a best ratio, that one (it may be over minRatio).
+    at_best = Predictions(speedup=cannot.speedup, can_help=False, best=0.2)
+    d = decide(trace([0.6, 0.6], pred=at_best), 0.3, S, at(60))
+    assert d.changed and d.ratio == pytest.approx(0.2)
+    d = decide(trace([0.6, 0.6], pred=at_best), 0.2, S, at(60))
+    assert not d.changed and d.reason == tuner.CANNOT_HELP
+    # Some ratio in bounds may look faster by a hair: the engines' verdict stands.
+    noisy = Predictions(speedup={r: 2.0 + 0.05 * r for r in GRID}, can_help=False, best=0.0)
+    d = decide(trace([0.6, 0.6], pred=noisy), 0.3, S, at(60))
+    assert d.changed and d.ratio == pytest.approx(0.2)
     # Even with no per-ratio figures at all, the flag alone holds the ratio low.
     flag_only = Predictions(can_help=False, reason="HeadShareTooSmall")
     d = decide(trace([0.6, 0.6], pred=flag_only), 0.1, S, at(60))
