@@ -1,22 +1,32 @@
-"""Latency-driven compression tuning, end to end, with a plot.
+"""The tuner on real engines where the compression knob helps and where it hurts.
 
-Real parts on loopback: kube-apiserver (+etcd, controller-manager), the tuning
-controller as a kopf process, `slimspec serve` on SmolLM2-135M watching its
-runtime ConfigMap, a real Prometheus scraping it, and HTTP load.
+Real parts on loopback: kube-apiserver (+etcd, controller-manager), the operator
+as a kopf process, `slimspec serve` on SmolLM2-135M watching its runtime
+ConfigMap and exporting what each ratio costs and buys, a real Prometheus
+scraping it, and HTTP load from a fixed number of clients.
 
-Scenario:
-  warm-up   1 client, tuning off; the baseline p99 is measured
-  calm      tuning on, target = TARGET_FACTOR x baseline: p99 is under it, the
-            ratio walks down to minRatio (the safe side)
-  surge     SURGE_CLIENTS clients: p99 crosses the target, the ratio rises
-  outage    Prometheus stopped mid-surge: the tuner holds, MetricsAvailable=False
-  resume    Prometheus back: decisions resume
-  calm      1 client again: p99 falls under the band, the ratio comes back down
+Two engine configurations, one after the other:
+  helps   the model drafting for itself in float32 with 3 draft tokens: the
+          draft's head is a large share of a draft step
+  hurts   the default CPU engine: bfloat16 target, int4 draft (draft
+          quantization auto): the head is a small share of a draft step, a
+          larger ratio buys no time and costs acceptance
 
-Writes bench/results/tuning.json (every 1 s sample, phase marks, the change
-history from status) and bench/results/tuning.png.
+Each configuration, under constant load:
+  warm-up    tuning off, ratio 0.3 (the default): the engine measures and predicts
+  baseline   tuning off, ratio 0.3: latency measured
+  tuning     tuning on, bounds [0, 0.95], target below the baseline p99, so the
+             tuner wants a faster service and moves as the predictions say
+  re-check   tuning off again (ratio back to 0.3): latency measured again; the
+             baseline is the mean of the two fixed-ratio phases (drift control)
 
-Run: .venv/bin/python bench/tuning.py [--quick] [--crd PATH]
+Figures (bench/results/tuning.json, plot tuning.png):
+  tuner_latency_gain_when_knob_helps   fixed-ratio mean latency / tuned mean - 1
+  tuner_never_worse_when_knob_hurts    the tuner never raised the ratio there and
+                                       its latency was not worse than fixed (+5 %)
+
+Run: .venv/bin/python bench/tuning.py [--quick] [--configs helps,hurts] [--out DIR]
+     [--plot-only]
 """
 
 from __future__ import annotations
@@ -26,13 +36,13 @@ import json
 import statistics
 import tempfile
 import time
-import urllib.parse
-import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from slimspec_testbed.cluster import KubeCluster
 from slimspec_testbed.control_plane import running_cluster
 from slimspec_testbed.models import small_real_model
 from slimspec_testbed.prometheus import PrometheusServer, scrape_config, scrape_job
@@ -48,13 +58,30 @@ from slimspec_testbed.tuning_scenario import (
 )
 
 SVC = "chat"
-NS = "bench-tuning"
-TARGET_FACTOR = 1.6
-SURGE_CLIENTS = 6
 RESULTS = REPO_ROOT / "bench" / "results"
+CLIENTS = 3
+PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+MAX_LENGTH = 24
+TARGET_FACTOR = 0.8  # latency target = this x baseline p99: the tuner wants faster
+NOT_WORSE = 0.05  # "never worse": tuned mean latency within 5 % of fixed
+CONFIGS: dict[str, dict[str, Any]] = {
+    "helps": {
+        "what": "SmolLM2-135M drafting for itself, float32, 3 draft tokens",
+        "engine": {"dtype": "float32", "num_draft_tokens": 3},
+    },
+    "hurts": {
+        "what": "SmolLM2-135M, bfloat16 target, int4 draft (auto), adaptive k",
+        "engine": {"dtype": "bfloat16", "draft_quantization": "auto", "num_draft_tokens": None},
+    },
+}
+PHASES = {"warm-up": 60, "baseline": 60, "tuning": 240, "re-check": 60}
+QUICK = {"warm-up": 30, "baseline": 25, "tuning": 100, "re-check": 25}
 
 
-def prom_query(url: str):
+def prom_query(url: str) -> Callable[[str], float | None]:
+    import urllib.parse
+    import urllib.request
+
     def query(promql: str) -> float | None:
         data = urllib.parse.urlencode({"query": promql})
         try:
@@ -72,113 +99,158 @@ def log(msg: str, t0: float) -> None:
     print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    scale = 0.5 if args.quick else 1.0
-    t_start = time.monotonic()
-    model = str(small_real_model())
-    work = Path(tempfile.mkdtemp(prefix="bench-tuning-"))
-    with running_cluster() as cluster:
-        crd = args.crd or str(REPO_ROOT / "crds" / "slimspecservice.yaml")
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", crd)
-        cluster.kubectl("wait", "--for=condition=Established", "crd/slimspecservices.slimspec.io")
-        cluster.create_namespace(NS)
-        api = cluster.api_client()
-        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        core.create_namespaced_config_map(
-            NS,
-            client.V1ConfigMap(
-                metadata=client.V1ObjectMeta(name=f"{SVC}-runtime"),
-                data={
-                    "compression_ratio": "0.3",
-                    "quality_threshold": "0.5",
-                    "fallback_strategy": "none",
-                },
-            ),
-        )
-        port = free_port()
-        engine = engine_process(port, NS, SVC, str(cluster.kubeconfig), work, model).start()
-        engine_url = f"http://127.0.0.1:{port}"
-        target = f"127.0.0.1:{port}"
-        config = scrape_config([target], "1s")
-        config["scrape_configs"] = [scrape_job(target, NS, SVC)]
-        (work / "prom").mkdir()
-        prom = PrometheusServer(tool_path("prometheus"), work / "prom", config)
-        tuner = tuner_process(NS, cluster.env, work)
-        load = LoadGen(engine_url, workers=1)
-        try:
-            wait_ready(f"{engine_url}/readyz", engine, timeout=300)
-            log("engine ready", t_start)
-            prom.start()
-            spec = service_spec(
-                prom.url,
-                enabled=False,
-                intervalSeconds=5,
-                cooldownSeconds=10,
-                latencyTargetSeconds=1.0,
-            )
-            manifest = service_manifest(SVC, NS, **spec)
-            custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest)
-            q = spec["tuning"]["queries"]
-            p99_q = q["p99Latency"].replace("{namespace}", NS).replace("{service}", SVC)
-            rate_q = q["requestRate"].replace("{namespace}", NS).replace("{service}", SVC)
-            query = prom_query(prom.url)
-            rec = Recorder(api, NS, SVC, engine_url, query, p99_q, rate_q)
-            tuner.start()
-            load.start()
-            rec.start()
-
-            rec.mark("warm-up (1 client, tuning off)")
-            time.sleep(45 * scale)
-            samples = []
-            for _ in range(5):
-                v = query(p99_q)
-                if v is not None:
-                    samples.append(v)
-                time.sleep(1)
-            baseline = statistics.median(samples)
-            target_s = round(TARGET_FACTOR * baseline, 3)
-            log(f"baseline p99 {baseline:.3f}s -> target {target_s}s", t_start)
-            patch = {"spec": {"tuning": {"enabled": True, "latencyTargetSeconds": target_s}}}
-            custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, SVC, patch)
-
-            rec.mark("calm (1 client)")
-            time.sleep(60 * scale)
-            rec.mark(f"surge ({SURGE_CLIENTS} clients)")
-            load.workers = SURGE_CLIENTS - 1
-            load.start()  # adds clients to the one already running
-            time.sleep(70 * scale)
-            rec.mark("Prometheus stopped")
-            prom.stop()
-            time.sleep(30 * scale)
-            rec.mark("Prometheus back")
-            prom.start()
-            time.sleep(30 * scale)
-            rec.mark("calm (1 client)")
-            load.stop()
-            load = LoadGen(engine_url, workers=1).start()
-            time.sleep(120 * scale)
-            rec.mark("end")
-            rec.stop()
-            body = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, SVC)
-        finally:
-            load.stop()
-            tuner.stop()
-            prom.stop()
-            engine.stop()
-        (work / "tuner.tail.log").write_text(tuner.log(20000))
-    points = [asdict(p) for p in rec.points]
+def latency_stats(load: LoadGen, start: float, end: float) -> dict[str, Any]:
+    """Client-side latency of the requests that finished in [start, end]."""
+    xs = sorted(s for t, s in load.latencies if start <= t <= end)
+    if not xs:
+        return {"requests": 0}
     return {
-        "scenario": __doc__.split("Writes")[0].strip(),
-        "model": "SmolLM2-135M-Instruct (self-drafting), float32, CPU, max batch 4",
-        "baseline_p99_seconds": baseline,
-        "latency_target_seconds": target_s,
-        "tuning": spec["tuning"] | {"enabled": True, "latencyTargetSeconds": target_s},
-        "phases": rec.events,
-        "history": body.get("status", {}).get("compression", {}).get("history", []),
-        "points": points,
-        "requests": {"errors": load.errors},
-        "workdir": str(work),
+        "requests": len(xs),
+        "mean_s": round(statistics.fmean(xs), 4),
+        "median_s": round(statistics.median(xs), 4),
+        "p90_s": round(xs[min(len(xs) - 1, int(0.9 * len(xs)))], 4),
     }
+
+
+def run_config(
+    cluster: KubeCluster, name: str, phases: dict[str, float], quick: bool, work: Path
+) -> dict[str, Any]:
+    t0 = time.monotonic()
+    ns = f"bench-tuning-{name}"
+    cluster.create_namespace(ns)
+    api = cluster.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    data = {"compression_ratio": "0.3", "quality_threshold": "0.5", "fallback_strategy": "none"}
+    meta = client.V1ObjectMeta(name=f"{SVC}-runtime")
+    core.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=meta, data=data))
+    port, model = free_port(), str(small_real_model())
+    cfg = CONFIGS[name]
+    engine = engine_process(
+        port, ns, SVC, str(cluster.kubeconfig), work, model, name=f"engine-{name}", **cfg["engine"]
+    )
+    url, target = f"http://127.0.0.1:{port}", f"127.0.0.1:{port}"
+    config = scrape_config([target], "1s")
+    config["scrape_configs"] = [scrape_job(target, ns, SVC)]
+    (work / f"prom-{name}").mkdir()
+    prom = PrometheusServer(tool_path("prometheus"), work / f"prom-{name}", config)
+    tuner = tuner_process(ns, cluster.env, work)
+    tuner.log_path = work / f"tuner-{name}.log"
+    load = LoadGen(url, workers=CLIENTS, max_length=MAX_LENGTH, prompt=PROMPT)
+    spec = service_spec(
+        "http://127.0.0.1:1",  # replaced below, once Prometheus has its port
+        window="15s",
+        enabled=False,
+        intervalSeconds=5,
+        cooldownSeconds=20,  # >= the p99 window: a verdict sees only the new ratio
+        maxStep=0.2 if quick else 0.1,
+        latencyTargetSeconds=100.0,
+    )
+    spec["compression"] = {"ratio": 0.3, "minRatio": 0.0, "maxRatio": 0.95}
+    marks: dict[str, tuple[float, float]] = {}
+    target_s, body = 0.0, {}
+    try:
+        engine.start()
+        wait_ready(f"{url}/readyz", engine, timeout=400)
+        log(f"{name}: engine ready", t0)
+        prom.start()
+        spec["prometheus"]["url"] = prom.url
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, service_manifest(SVC, ns, **spec)
+        )
+        q = spec["tuning"]["queries"]
+        p99_q = q["p99Latency"].replace("{namespace}", ns).replace("{service}", SVC)
+        rate_q = q["requestRate"].replace("{namespace}", ns).replace("{service}", SVC)
+        query = prom_query(prom.url)
+        rec = Recorder(api, ns, SVC, url, query, p99_q, rate_q)
+        tuner.start()
+        load.start()
+        rec.start()
+        baseline_p99: list[float] = []
+        for phase, seconds in phases.items():
+            rec.mark(phase)
+            start = time.monotonic()
+            if phase == "tuning":
+                target_s = round(TARGET_FACTOR * statistics.median(baseline_p99), 3)
+                log(f"{name}: baseline p99 {statistics.median(baseline_p99):.3f}s", t0)
+                patch = {"spec": {"tuning": {"enabled": True, "latencyTargetSeconds": target_s}}}
+                custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, SVC, patch)
+            elif phase == "re-check":
+                patch = {"spec": {"tuning": {"enabled": False}}}
+                custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, SVC, patch)
+            while time.monotonic() - start < seconds:
+                time.sleep(1)
+                if phase == "baseline" and time.monotonic() - start > seconds / 2:
+                    if (v := query(p99_q)) is not None:
+                        baseline_p99.append(v)
+            marks[phase] = (start, time.monotonic())
+            if phase == "tuning":  # the tuner's status, before tuning off gives it back
+                body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, SVC)
+            log(f"{name}: {phase} done", t0)
+        rec.stop()
+    finally:
+        load.stop()
+        tuner.stop()
+        prom.stop()
+        engine.stop()
+    return summarize_config(name, rec, load, marks, body, target_s)
+
+
+def summarize_config(
+    name: str,
+    rec: Recorder,
+    load: LoadGen,
+    marks: dict[str, tuple[float, float]],
+    body: dict[str, Any],
+    target_s: float,
+) -> dict[str, Any]:
+    status = body.get("status") or {}
+    comp = status.get("compression") or {}
+    # Judge the tuned ratio on the second half of the tuning phase (after the moves).
+    t_start, t_end = marks["tuning"]
+    tuned = latency_stats(load, (t_start + t_end) / 2, t_end)
+    settle = 10.0  # skip the first seconds of a fixed phase: the ratio is being applied
+    fixed = [latency_stats(load, a + settle, b) for a, b in (marks["baseline"], marks["re-check"])]
+    fixed_mean = statistics.fmean(f["mean_s"] for f in fixed if f.get("requests"))
+    tuning_pts = [p for p in rec.points if p.phase == "tuning" and p.status_ratio is not None]
+    ratios = [p.status_ratio for p in tuning_pts]
+    effective = next(
+        (c for c in status.get("conditions") or [] if c["type"] == "CompressionEffective"), {}
+    )
+    return {
+        "what": CONFIGS[name]["what"],
+        "latency_target_seconds": target_s,
+        "fixed_ratio": 0.3,
+        "fixed": fixed,
+        "tuned": tuned,
+        "gain": round(fixed_mean / tuned["mean_s"] - 1.0, 4) if tuned.get("requests") else None,
+        "ratio_end": ratios[-1] if ratios else None,
+        "ratio_max": max(ratios) if ratios else None,
+        "raised": any(r > 0.3 + 1e-9 for r in ratios),
+        "compression_effective": {k: effective.get(k) for k in ("status", "reason", "message")},
+        "predictions": comp.get("predictions"),
+        "history": comp.get("history", []),
+        "last_trial": comp.get("lastTrial"),
+        "phases": rec.events,
+        "points": [asdict(p) for p in rec.points],
+        "t0": rec.t0,
+        "requests": {"done": load.done, "errors": load.errors},
+        "latencies": [(round(t - rec.t0, 2), round(s, 4)) for t, s in load.latencies],
+    }
+
+
+def figures(configs: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "helps" in configs:
+        c = configs["helps"]
+        out["tuner_latency_gain_when_knob_helps"] = c["gain"]
+        out["tuner_raised_when_knob_helps"] = c["raised"]
+    if "hurts" in configs:
+        c = configs["hurts"]
+        not_worse = c["gain"] is not None and c["gain"] >= -NOT_WORSE
+        out["tuner_never_worse_when_knob_hurts"] = (not c["raised"]) and not_worse
+        out["tuner_raised_when_knob_hurts"] = c["raised"]
+        out["latency_change_when_knob_hurts"] = c["gain"]
+    return out
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
@@ -187,90 +259,73 @@ def plot(data: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = data["points"]
-    t = [p["t"] for p in pts]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    ax1.plot(t, [p["p99"] for p in pts], label="p99 latency (Prometheus, 30 s window)")
-    ax1.axhline(data["latency_target_seconds"], color="red", ls="--", label="target")
-    lower = data["latency_target_seconds"] * (1 - data["tuning"]["deadBand"])
-    ax1.axhline(lower, color="orange", ls=":", label="target - dead band")
-    ax1.set_ylabel("seconds")
-    ax1r = ax1.twinx()
-    ax1r.plot(t, [p["request_rate"] for p in pts], color="gray", alpha=0.5, label="req/s")
-    ax1r.set_ylabel("requests/s")
-    ax2.step(t, [p["status_ratio"] for p in pts], where="post", label="status.compression.ratio")
-    ax2.plot(
-        t, [p["engine_ratio"] for p in pts], ".", ms=3, label="engine /metrics compression_ratio"
-    )
-    ax2.set_ylabel("compression ratio")
-    ax2.set_xlabel("time (s)")
-    for ax in (ax1, ax2):
-        for start, end in _spans(pts, lambda p: p["metrics_available"] == "False"):
-            ax.axvspan(start, end, color="red", alpha=0.12)
-        for tp, _name in data["phases"]:
-            ax.axvline(tp, color="k", lw=0.5, alpha=0.4)
-    for tp, name in data["phases"]:
-        ax2.text(tp, ax2.get_ylim()[1], name, rotation=90, va="top", fontsize=7)
-    ax1.legend(loc="upper left", fontsize=8)
-    ax2.legend(loc="lower right", fontsize=8)
-    ax1.set_title("SlimSpec tuner: p99 vs target drives compression_ratio (red: Prometheus down)")
+    names = list(data["configs"])
+    fig, axes = plt.subplots(2, len(names), figsize=(7 * len(names), 7), squeeze=False)
+    for col, name in enumerate(names):
+        c = data["configs"][name]
+        pts = c["points"]
+        t = [p["t"] for p in pts]
+        top, bottom = axes[0][col], axes[1][col]
+        lat = c["latencies"]
+        top.plot([x for x, _ in lat], [y for _, y in lat], ".", ms=2, alpha=0.4, label="request")
+        top.plot(t, [p["p99"] for p in pts], label="p99 (Prometheus, 15 s window)")
+        top.axhline(c["latency_target_seconds"], color="red", ls="--", label="target (tuning)")
+        top.set_ylabel("seconds")
+        top.set_title(f"knob {name}: {c['what']}\ngain vs fixed 0.3: {c['gain']}", fontsize=9)
+        bottom.step(t, [p["status_ratio"] for p in pts], where="post", label="status ratio")
+        bottom.plot(t, [p["engine_ratio"] for p in pts], ".", ms=2, label="engine ratio")
+        bottom.set_ylabel("compression ratio")
+        bottom.set_xlabel("time (s)")
+        bottom.set_ylim(-0.02, 1.0)
+        for ax in (top, bottom):
+            for tp, phase in c["phases"]:
+                ax.axvline(tp, color="k", lw=0.5, alpha=0.4)
+                if ax is bottom:
+                    ax.text(tp, 0.97, phase, rotation=90, va="top", fontsize=7)
+            ax.legend(loc="upper left", fontsize=7)
+    fig.suptitle("SlimSpec tuner: moves the ratio only where the engine predicts it pays")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def summarize(data: dict[str, Any]) -> dict[str, Any]:
-    """Headline figures from the recorded points and the status history."""
-    pts, hist = data["points"], data["history"]
-    down = _spans(pts, lambda p: p["metrics_available"] == "False")
-    held = [p["status_ratio"] for p in pts if p["metrics_available"] == "False"]
-    lags = []
-    for i in range(1, len(pts)):
-        new, old = pts[i]["status_ratio"], pts[i - 1]["status_ratio"]
-        if new is not None and old is not None and new != old:
-            later = [p for p in pts[i:] if p["engine_ratio"] == new]
-            if later:
-                lags.append(round(later[0]["t"] - pts[i]["t"], 2))
-    return {
-        "ratio_changes_up": sum(1 for h in hist if h["to"] > h["from"]),
-        "ratio_changes_down": sum(1 for h in hist if h["to"] < h["from"]),
-        "ratio_range": [min(h["to"] for h in hist), max(h["to"] for h in hist)] if hist else None,
-        "metrics_unavailable_spans_s": [[a, b] for a, b in down],
-        "ratio_constant_while_unavailable": len(set(held)) <= 1,
-        "engine_apply_lag_s": {
-            "median": statistics.median(lags) if lags else None,
-            "max": max(lags) if lags else None,
-            "note": "status change seen -> engine /metrics shows it (1 s sampling)",
-        },
-        "request_errors": data["requests"]["errors"],
-    }
-
-
-def _spans(pts: list[dict[str, Any]], pred) -> list[tuple[float, float]]:
-    spans, start = [], None
-    for p in pts:
-        if pred(p) and start is None:
-            start = p["t"]
-        elif not pred(p) and start is not None:
-            spans.append((start, p["t"]))
-            start = None
-    if start is not None:
-        spans.append((start, pts[-1]["t"]))
-    return spans
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="half-length phases")
+    ap.add_argument("--quick", action="store_true", help="shorter phases, bigger steps")
+    ap.add_argument("--configs", default="helps,hurts", help="which configurations to run")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for tuning.json/png")
     ap.add_argument("--crd", help="CRD file to apply (default: crds/slimspecservice.yaml)")
     ap.add_argument("--plot-only", action="store_true", help="re-plot the saved JSON")
     args = ap.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "tuning.json"
-    data = json.loads(out.read_text()) if args.plot_only else run(args)
-    data["summary"] = summarize(data)
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "tuning.json"
+    if args.plot_only:
+        data = json.loads(out.read_text())
+    else:
+        names = [n for n in args.configs.split(",") if n]
+        phases = QUICK if args.quick else PHASES
+        work = Path(tempfile.mkdtemp(prefix="bench-tuning-"))
+        configs: dict[str, Any] = {}
+        with running_cluster() as cluster:
+            crd = args.crd or str(REPO_ROOT / "crds" / "slimspecservice.yaml")
+            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", crd)
+            crd_name = "crd/slimspecservices.slimspec.io"
+            cluster.kubectl("wait", "--for=condition=Established", crd_name)
+            for name in names:
+                configs[name] = run_config(cluster, name, phases, args.quick, work)
+        data = {
+            "scenario": __doc__.split("Figures")[0].strip(),
+            "quick": args.quick,
+            "clients": CLIENTS,
+            "max_length": MAX_LENGTH,
+            "phases_s": phases,
+            "configs": configs,
+            "workdir": str(work),
+        }
+    data["figures"] = figures(data["configs"])
     out.write_text(json.dumps(data, indent=1))
-    plot(data, RESULTS / "tuning.png")
-    print(f"wrote {out} and {RESULTS / 'tuning.png'}")
+    plot(data, args.out / "tuning.png")
+    print(json.dumps(data["figures"], indent=1))
+    print(f"wrote {out} and {args.out / 'tuning.png'}")
     return 0
 
 

@@ -20,6 +20,7 @@ from .contract import KEDA_API_VERSION, KEDA_AUTH_KIND
 from .kube import ApiError, Kube
 from .manifests import common_labels, owner_reference
 from .prom import NO_CREDENTIALS, PromAuth, PromClient, PromError
+from .queries import vector_values
 from .spec import PrometheusSpec
 
 Manifest = dict[str, Any]
@@ -82,19 +83,36 @@ def load_auth(kube: Kube, namespace: str, spec: PrometheusSpec) -> PromAuth:
 
 
 async def run_queries(
-    kube: Kube | None, namespace: str, spec: PrometheusSpec, queries: Mapping[str, str]
-) -> dict[str, float | PromError]:
-    """The tuner's queries with the resource's credentials; a credential or URL
-    problem is every query's error (so the tick holds still and says why)."""
+    kube: Kube | None,
+    namespace: str,
+    spec: PrometheusSpec,
+    queries: Mapping[str, str],
+    vectors: Mapping[str, tuple[str, str]] | None = None,
+) -> tuple[dict[str, float | PromError], dict[str, dict[str, float] | PromError]]:
+    """The tuner's queries with the resource's credentials: scalar `queries`, and
+    `vectors` (name -> (PromQL, label)) answered as {label value: number}. A
+    credential or URL problem is every query's error (so the tick holds still and
+    says why)."""
+    vectors = vectors or {}
     try:
         auth = None
         if kube is not None and (spec.auth or spec.tls):
             auth = await asyncio.to_thread(load_auth, kube, namespace, spec)
         client = PromClient(spec.url, spec.timeout_seconds, auth=auth)
     except PromError as err:
-        return dict.fromkeys(queries, err)
+        return dict.fromkeys(queries, err), dict.fromkeys(vectors, err)
     async with client as prom:
-        return await prom.query_many(queries)
+
+        async def vector(promql: str, label: str) -> dict[str, float] | PromError:
+            try:
+                return vector_values(await prom.query_raw(promql), label, promql)
+            except PromError as exc:
+                return exc
+
+        numbers, per_label = await asyncio.gather(
+            prom.query_many(queries), asyncio.gather(*(vector(*v) for v in vectors.values()))
+        )
+    return numbers, dict(zip(vectors, per_label, strict=True))
 
 
 # ------------------------------------------------------------------ KEDA

@@ -161,6 +161,14 @@ class QueriesSpec(_Model):
     fallback_rate: Query = DEFAULT_QUERIES["fallbackRate"]
     kept_acceptance: Query = DEFAULT_QUERIES["keptAcceptance"]
     queue_depth: Query = DEFAULT_QUERIES["queueDepth"]
+    predicted_speedup: Query = DEFAULT_QUERIES["predictedSpeedup"]
+    ratio_kept_acceptance: Query = DEFAULT_QUERIES["ratioKeptAcceptance"]
+    draft_head_share: Query = DEFAULT_QUERIES["draftHeadShare"]
+    best_ratio: Query = DEFAULT_QUERIES["bestRatio"]
+    compression_can_help: Query = DEFAULT_QUERIES["compressionCanHelp"]
+    compression_can_help_reason: Query = DEFAULT_QUERIES["compressionCanHelpReason"]
+    head_ranking_age: Query = DEFAULT_QUERIES["headRankingAge"]
+    head_ranking_coverage: Query = DEFAULT_QUERIES["headRankingCoverage"]
 
 
 class TuningSpec(_Model):

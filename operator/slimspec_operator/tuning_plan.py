@@ -16,15 +16,18 @@ from datetime import datetime
 from typing import Any
 
 from . import autoscaler, tuner
-from .conditions import format_time, get_condition, parse_time, set_condition
+from .conditions import format_time, get_condition, set_condition
 from .contract import format_ratio
 from .queries import rate_window, render_query
+from .ratio_predictions import effectiveness
 from .rollout import Event
 from .spec import TuningView
-from .tuner import Change, Sample
+from .tuner import Sample
+from .tuning_status import changes_from_status, compression_status, effect_from_status
+from .tuning_status import parse as _time
 
 CONDITION = "MetricsAvailable"
-HISTORY_LIMIT = 20  # status.compression.history entries kept
+EFFECTIVE = "CompressionEffective"
 SAMPLES_KEPT = 10
 TIMER_JITTER_SECONDS = 0.5
 
@@ -136,100 +139,6 @@ def scaled_object_for(view: TuningView, namespace: str, name: str, uid: str) -> 
     )
 
 
-# ------------------------------------------------------------------ status documents
-
-
-def _time(value: Any) -> datetime | None:
-    try:
-        return parse_time(value) if isinstance(value, str) and value else None
-    except ValueError:
-        return None
-
-
-def changes_from_status(compression: Mapping[str, Any]) -> list[Change]:
-    """History entries as tuner Changes (oldest first).
-
-    The load at the last raise is also kept in `lastRaise`, at a level the CRD
-    does not prune, in case the history items' schema drops `requestRate`.
-    """
-    last_raise = compression.get("lastRaise") or {}
-    out = []
-    for h in compression.get("history") or []:
-        t = _time(h.get("time"))
-        if t is None:
-            continue
-        rate = h.get("requestRate")
-        if rate is None and h.get("time") == last_raise.get("time"):
-            rate = last_raise.get("requestRate")
-        out.append(
-            Change(
-                time=t,
-                from_ratio=float(h.get("from", 0.0)),
-                to_ratio=float(h.get("to", 0.0)),
-                reason=str(h.get("reason", "")),
-                request_rate=float(rate) if rate is not None else None,
-            )
-        )
-    return out
-
-
-def _num(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)
-
-
-def compression_status(
-    old: Mapping[str, Any],
-    ratio: float,
-    decision: tuner.Decision,
-    sample: Sample,
-    now: datetime,
-    dry_run: bool,
-) -> dict[str, Any]:
-    """status.compression after a decision: history grows only on a change."""
-    history = list(old.get("history") or [])
-    out: dict[str, Any] = {
-        "ratio": ratio,
-        "reason": old.get("reason", "Initial"),
-        "history": history,
-    }
-    for key in ("lastChangeTime", "lastRaise"):
-        if old.get(key):
-            out[key] = old[key]
-    if decision.changed and not dry_run:
-        entry = {
-            "time": format_time(now),
-            "from": ratio,
-            "to": decision.ratio,
-            "reason": decision.reason,
-            "requestRate": _num(sample.request_rate),
-            "p99LatencySeconds": _num(sample.p99_latency),
-        }
-        if decision.reason == tuner.RAISED and sample.request_rate is not None:
-            out["lastRaise"] = {"time": entry["time"], "requestRate": entry["requestRate"]}
-        out.update(
-            ratio=decision.ratio,
-            reason=decision.reason,
-            lastChangeTime=format_time(now),
-            history=[*history, {k: v for k, v in entry.items() if v is not None}][-HISTORY_LIMIT:],
-        )
-    out["lastDecision"] = {
-        "time": format_time(now),
-        "reason": decision.reason,
-        "message": decision.message,
-        "dryRun": dry_run,
-        **({"proposedRatio": decision.ratio} if dry_run and decision.changed else {}),
-    }
-    observed = {
-        "p99LatencySeconds": _num(tuner.clean(sample.p99_latency)),
-        "requestRate": _num(tuner.clean(sample.request_rate)),
-        "keptAcceptance": _num(tuner.clean(sample.kept_acceptance)),
-        "meanAcceptedLength": _num(tuner.clean(sample.mean_accepted_length)),
-        "fallbackRate": _num(tuner.clean(sample.fallback_rate)),
-    }
-    out["observed"] = {k: v for k, v in observed.items() if v is not None}
-    return out
-
-
 # ------------------------------------------------------------------ the tick
 
 
@@ -265,32 +174,46 @@ def plan_tick(inp: TickInput) -> TickPlan:
     last_ratio_change = _time(compression.get("lastChangeTime"))
 
     decision = ratio_write = None
+    effective: tuple[str, str, str] | None = None
     if view.tuning.enabled:
         old = compression.get("ratio")
         ratio = float(old) if old is not None else view.compression.ratio
+        settings = tuner_settings(view)
         decision = tuner.decide(
             samples,
             ratio,
-            tuner_settings(view),
+            settings,
             now,
             changes_from_status(compression),
             last_replica_change,
+            effect_from_status(compression),
         )
         if not decision.metrics_available:
             available, why, message = False, decision.metrics_reason, decision.metrics_message
         new_status["compression"] = compression_status(
             compression, ratio, decision, sample, now, inp.dry_run
         )
-        if decision.changed:
-            d = decision
+        if sample.error is None:  # Prometheus down says nothing about compression
+            effective = effectiveness(
+                sample.predictions,
+                settings.min_ratio,
+                settings.max_ratio,
+                settings.min_predicted_gain,
+            )
+        d = decision
+        if d.changed:
             msg = f"compression ratio {ratio:g} -> {d.ratio:g} ({d.reason}): {d.message}"
             if inp.dry_run:
                 events.append(Event("Normal", "DryRunCompression", msg))
             else:
-                ratio_write = RatioWrite(
-                    format_ratio(d.ratio), Event("Normal", "CompressionChanged", msg)
-                )
+                # A revert is announced under its own reason, as a warning.
+                event = Event("Normal", "CompressionChanged", msg)
+                if d.verdict is not None:
+                    event = Event("Warning", d.reason, msg)
+                ratio_write = RatioWrite(format_ratio(d.ratio), event)
                 last_ratio_change = now
+        elif d.verdict is not None and not inp.dry_run:
+            events.append(Event("Normal", d.reason, d.verdict.message))
 
     scale = scale_to = None
     if view.scaling:
@@ -331,10 +254,26 @@ def plan_tick(inp: TickInput) -> TickPlan:
     conditions = set_condition(
         conditions, CONDITION, cond_status, why, message, inp.generation, now
     )
-    new_status["conditions"] = [c for c in conditions if c["type"] == CONDITION]
     if prior is None or prior.get("status") != cond_status:
         if available:
             events.append(Event("Normal", "MetricsAvailable", message))
         else:
             events.append(Event("Warning", "MetricsUnavailable", message))
+    owned = {CONDITION}
+    if view.tuning.enabled:
+        owned.add(EFFECTIVE)
+        was = get_condition(conditions, EFFECTIVE)
+        if effective is None:  # no reading: keep what the last one said
+            effective = (
+                (was["status"], was.get("reason", ""), was.get("message", ""))
+                if was is not None
+                else ("Unknown", "NoData", "no metrics read yet")
+            )
+        conditions = set_condition(conditions, EFFECTIVE, *effective, inp.generation, now)
+        flipped = was is None or was.get("status") != effective[0]
+        if flipped and effective[0] == "False":
+            events.append(Event("Warning", "CompressionIneffective", effective[2]))
+        elif flipped and effective[0] == "True" and was is not None:
+            events.append(Event("Normal", "CompressionEffective", effective[2]))
+    new_status["conditions"] = [c for c in conditions if c["type"] in owned]
     return TickPlan(memory, new_status, ratio_write, scale_to, tuple(events), decision, scale)

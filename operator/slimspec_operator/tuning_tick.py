@@ -48,7 +48,7 @@ from .contract import (
 from .kube import ApiError, Kube
 from .ownership import owned_by
 from .prom_auth import run_queries, trigger_auth_name, trigger_authentication, with_trigger_auth
-from .queries import queries_for, sample_from
+from .queries import VECTOR_LABELS, queries_for, sample_from
 from .rollout import Event
 from .spec import TuningView
 from .tuner import Sample
@@ -138,9 +138,13 @@ def _view(body: Mapping[str, Any]) -> TuningView | None:
 async def read_sample(
     view: TuningView, namespace: str, name: str, now: datetime, kube: Kube | None = None
 ) -> Sample:
-    """The tick's queries, with the resource's Prometheus credentials (prom_auth.py)."""
+    """The tick's queries (scalars and per-label vectors), with the resource's
+    Prometheus credentials (prom_auth.py)."""
     queries = queries_for(view, namespace, name, view.scaling)
-    return sample_from(now, await run_queries(kube, namespace, view.prometheus, queries))
+    scalars = {k: q for k, q in queries.items() if k not in VECTOR_LABELS}
+    vectors = {k: (q, VECTOR_LABELS[k]) for k, q in queries.items() if k in VECTOR_LABELS}
+    numbers, per_label = await run_queries(kube, namespace, view.prometheus, scalars, vectors)
+    return sample_from(now, numbers, per_label)
 
 
 def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any] | None) -> None:

@@ -22,6 +22,7 @@ from slimspec_testbed.resources import service_manifest
 from slimspec_testbed.tools import free_port
 
 from .conftest import KEDA_CRD_FILE, LoadExporter, start_prometheus
+from .plant import Plant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.asyncio]
 
@@ -67,9 +68,9 @@ class Svc:
     def events(self) -> list[str]:
         return [e.reason for e in self.core.list_namespaced_event(self.ns).items]
 
-    def condition(self) -> dict[str, Any]:
+    def condition(self, kind: str = "MetricsAvailable") -> dict[str, Any]:
         conds = self.get().get("status", {}).get("conditions", [])
-        return next(c for c in conds if c["type"] == "MetricsAvailable")
+        return next(c for c in conds if c["type"] == kind)
 
 
 def tuning(url: str, **extra: Any) -> dict[str, Any]:
@@ -89,10 +90,12 @@ def p99_query(namespace: str) -> str:
     return render_query(DEFAULT_QUERIES["p99Latency"], namespace, SVC, rate_window(5))
 
 
-def wait_for_load(server: Any, namespace: str, rate: float, p99: float | None = None) -> None:
-    """Until Prometheus sees about `rate` req/s (and p99 on the right side of `p99`)."""
+def wait_for_load(
+    server: Any, namespace: str, rate: float, p99: float | None = None, within: float = 0.25
+) -> None:
+    """Until Prometheus sees `rate` req/s (+-`within`) and p99 on the right side of `p99`."""
     rate_q = render_query(DEFAULT_QUERIES["requestRate"], namespace, SVC, rate_window(5))
-    near = lambda r: bool(r) and abs(float(r[0]["value"][1]) - rate) < 0.25 * rate  # noqa: E731
+    near = lambda r: bool(r) and abs(float(r[0]["value"][1]) - rate) < within * rate  # noqa: E731
     server.wait_for_query(rate_q, near, timeout=40)
     if p99 is not None:
         above = p99 > 0.4
@@ -103,6 +106,13 @@ def wait_for_load(server: Any, namespace: str, rate: float, p99: float | None = 
         )
 
 
+def p99_now(server: Any, namespace: str, check: Any, timeout: float = 40) -> None:
+    """Until Prometheus's p99 (the tuner's query) satisfies `check`."""
+    server.wait_for_query(
+        p99_query(namespace), lambda r: bool(r) and check(float(r[0]["value"][1])), timeout
+    )
+
+
 async def test_ratio_rises_holds_without_prometheus_and_resumes(
     api: client.ApiClient,
     namespace: str,
@@ -110,10 +120,13 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     prometheus_server: Any,
     load_exporter: LoadExporter,
 ) -> None:
-    load_exporter.set(rate=5, latency=0.6, kept=0.99)
+    # A simulated engine whose p99 falls with the ratio, and says so in its predictions.
+    load_exporter.set(rate=5, kept=0.99)
+    load_exporter.simulate(Plant("helps", base=0.8), claims="helps")
     server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
     svc = Svc(api, namespace)
     svc.create(**tuning(server.url))
+    load_exporter.follow(svc.core, namespace, f"{SVC}-runtime")
     wait_for_load(server, namespace, 5, p99=0.5)
 
     kube, mem = Kube(api), Memory(started=T0)
@@ -125,44 +138,138 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
 
     body = svc.get()
     comp = body["status"]["compression"]
-    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tuner.RAISED
+    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tuner.ABOVE_TARGET
     entry = comp["history"][-1]
-    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, tuner.RAISED)
+    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, tuner.ABOVE_TARGET)
     assert comp["lastRaise"]["requestRate"] > 1  # the load the raise answered
+    assert comp["trial"]["basis"] == "predicted" and comp["trial"]["p99BeforeSeconds"] > 0.6
+    # The engines' predictions, averaged over pods by ratio, as the tuner read them.
+    preds = comp["predictions"]
+    assert preds["canHelp"] is True and len(preds["ratios"]) == 20
+    assert preds["ratios"][0]["ratio"] == 0.0 and preds["rankingCoverage"] == 0.93
+    assert svc.condition("CompressionEffective")["status"] == "True"
     assert svc.configmap_ratio() == "0.35"  # in force within seconds, no pod restart
     assert svc.condition()["status"] == "True"
     assert "CompressionChanged" in svc.events()
     assert body["spec"]["replicas"] == 1  # ratio tuning never touches replicas
 
+    # The engine follows the ConfigMap; its p99 falls a little (0.656 -> 0.632 s).
+    p99_now(server, namespace, lambda v: v < 0.645)
     st = await tick(svc.get(), mem, kube, at(20), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_COOLDOWN
+    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_MEASURING
 
-    # Prometheus down: hold, and say why.
+    # Prometheus down: hold, and say why; the change stays under measurement.
     server.stop()
     st = await tick(svc.get(), mem, kube, at(60), force=True)
     cond = svc.condition()
     assert (cond["status"], cond["reason"]) == ("False", prom.UNREACHABLE)
-    assert svc.get()["status"]["compression"]["ratio"] == pytest.approx(0.35)
+    comp = svc.get()["status"]["compression"]
+    assert comp["ratio"] == pytest.approx(0.35) and "trial" in comp
     assert svc.configmap_ratio() == "0.35"
     assert "MetricsUnavailable" in svc.events()
+    assert svc.condition("CompressionEffective")["status"] == "True"  # unchanged
 
-    # Back: available again at once, and moving again after two fresh samples.
+    # Back: available again at once; two fresh samples judge the change (kept:
+    # not worse, and predicted faster), then the next step follows.
     server.start()
     wait_for_load(server, namespace, 5, p99=0.5)
     await tick(svc.get(), mem, kube, at(70), force=True)
     assert svc.condition()["status"] == "True"
     st = await tick(svc.get(), mem, kube, at(80), force=True)
+    assert st["compression"]["lastDecision"]["reason"] == tuner.CONFIRMED
+    assert st["compression"]["lastTrial"]["kept"] is True and "trial" not in st["compression"]
+    assert tuner.CONFIRMED in svc.events()
+    st = await tick(svc.get(), mem, kube, at(90), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.4)
     assert svc.configmap_ratio() == "0.4"
 
     # Latency well under target: the ratio comes down (faster), but not while the
     # load that needed the raise is unchanged (anti-flap), so drop the load too.
-    load_exporter.set(rate=2, latency=0.1)
+    load_exporter.set(rate=2)
+    load_exporter.load = 0.3
     wait_for_load(server, namespace, 2, p99=0.2)
     await tick(svc.get(), mem, kube, at(200), force=True)
     st = await tick(svc.get(), mem, kube, at(210), force=True)
+    assert st["compression"]["lastTrial"]["outcome"] == "Inconclusive"  # the load moved
+    assert st["compression"]["lastTrial"]["kept"] is True  # a predicted move stays
+    st = await tick(svc.get(), mem, kube, at(220), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.3)
-    assert st["compression"]["reason"] == tuner.LOWERED
+    assert st["compression"]["reason"] == tuner.BELOW_TARGET
+
+
+async def test_a_change_that_made_latency_worse_is_reverted_and_backed_off(
+    api: client.ApiClient,
+    namespace: str,
+    slimspec_crd: str,
+    prometheus_server: Any,
+    load_exporter: LoadExporter,
+) -> None:
+    # The engines predict a larger ratio helps; on this engine it hurts.
+    load_exporter.set(rate=5, kept=0.99)
+    load_exporter.simulate(Plant("hurts", base=0.3, slope=3.0), claims="helps")
+    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
+    svc = Svc(api, namespace)
+    svc.create(**tuning(server.url, maxStep=0.1))
+    load_exporter.follow(svc.core, namespace, f"{SVC}-runtime")
+    # A steady rate first: the verdict discounts p99 moves that the load explains.
+    wait_for_load(server, namespace, 5, p99=0.5, within=0.05)
+
+    kube, mem = Kube(api), Memory(started=T0)
+    await tick(svc.get(), mem, kube, at(0), force=True)
+    st = await tick(svc.get(), mem, kube, at(10), force=True)
+    assert st["compression"]["ratio"] == pytest.approx(0.4)
+    p99_now(server, namespace, lambda v: v > 0.63)  # 0.57 -> 0.66 s at 0.4
+    await tick(svc.get(), mem, kube, at(45), force=True)
+    st = await tick(svc.get(), mem, kube, at(55), force=True)
+    comp = st["compression"]
+    assert comp["ratio"] == pytest.approx(0.3), comp["lastDecision"]
+    assert comp["reason"] == tuner.REVERTED_WORSE
+    assert svc.configmap_ratio() == "0.3"
+    assert comp["lastTrial"]["outcome"] == "Worse" and comp["lastTrial"]["kept"] is False
+    (backoff,) = comp["backoff"]
+    assert (backoff["from"], backoff["direction"], backoff["count"]) == (0.3, "up", 1)
+    assert backoff["until"] == "2026-01-01T12:05:55Z"  # 10 cooldowns after the revert
+    events = client.CoreV1Api(api).list_namespaced_event(namespace).items
+    revert = next(e for e in events if e.reason == tuner.REVERTED_WORSE)
+    assert revert.type == "Warning" and "0.4 -> 0.3" in revert.message
+    # The revert brings p99 back; still over target, but the raise is backed off.
+    p99_now(server, namespace, lambda v: v < 0.6)
+    await tick(svc.get(), mem, kube, at(90), force=True)
+    st = await tick(svc.get(), mem, kube, at(100), force=True)
+    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_BACKING_OFF
+    assert svc.configmap_ratio() == "0.3"
+
+
+async def test_where_compression_cannot_help_the_ratio_goes_low_and_says_why(
+    api: client.ApiClient,
+    namespace: str,
+    slimspec_crd: str,
+    prometheus_server: Any,
+    load_exporter: LoadExporter,
+) -> None:
+    # The default CPU engine: the head is a small share of a draft step, a larger
+    # ratio is slower, and the engines say compression cannot help.
+    load_exporter.set(rate=5, kept=0.99)
+    load_exporter.simulate(Plant("hurts", base=0.3, slope=3.0), claims="hurts")
+    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
+    svc = Svc(api, namespace)
+    svc.create(**tuning(server.url))
+    load_exporter.follow(svc.core, namespace, f"{SVC}-runtime")
+    wait_for_load(server, namespace, 5, p99=0.5)
+    server.wait_for_query(
+        render_query(DEFAULT_QUERIES["compressionCanHelp"], namespace, SVC), bool, timeout=20
+    )
+
+    st = await tick(svc.get(), Memory(started=T0), Kube(api), at(0), force=True)
+    comp = st["compression"]
+    assert comp["ratio"] == pytest.approx(0.2) and comp["reason"] == tuner.CANNOT_HELP
+    assert svc.configmap_ratio() == "0.2"
+    cond = svc.condition("CompressionEffective")
+    assert (cond["status"], cond["reason"]) == ("False", "HeadShareTooSmall")
+    assert "8%" in cond["message"]  # the head's share of a draft step at ratio 0
+    assert comp["predictions"]["canHelp"] is False
+    assert comp["predictions"]["reason"] == "HeadShareTooSmall"
+    assert "CompressionIneffective" in svc.events()
 
 
 async def test_quality_guard_and_no_data(

@@ -8,12 +8,15 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from slimspec_operator import prom
 from slimspec_operator.prom import PromClient, PromError
 from slimspec_operator.queries import DEFAULT_QUERIES, render_query
+from slimspec_operator.spec import TuningView
+from slimspec_operator.tuning_tick import read_sample
 from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer
 from slimspec_testbed.tools import free_port
 
@@ -160,3 +163,57 @@ def test_timeout_on_a_server_that_never_answers() -> None:
         for c in conns:
             c.close()
         sock.close()
+
+
+def test_predictions_are_read_per_ratio_and_averaged_over_pods(
+    prometheus_server: PrometheusFactory,
+) -> None:
+    """Two engine pods of one service export per-ratio predictions; the tuner's
+    read (tuning_tick.read_sample, the real path) averages them by ratio, and
+    only pods that have measured say whether compression can help."""
+    servers, targets = [], []
+    # The second pod has not measured yet: it exports 0 with the reason not_measured.
+    pods = (({"0.0": 2.0, "0.3": 2.2}, 1, "helps"), ({"0.0": 2.0, "0.3": 2.6}, 0, "not_measured"))
+    for speedups, can_help, reason in pods:
+        reg = CollectorRegistry()
+        g = Gauge("slimspec_ratio_predicted_speedup", "s", ["ratio"], registry=reg)
+        for ratio, value in speedups.items():
+            g.labels(ratio).set(value)
+        Gauge("slimspec_compression_can_help", "c", registry=reg).set(can_help)
+        info = Gauge("slimspec_compression_can_help_info", "i", ["reason"], registry=reg)
+        for r in ("helps", "head_share_small", "acceptance_loss", "not_measured"):
+            info.labels(r).set(1.0 if r == reason else 0.0)
+        Gauge("slimspec_ratio_best", "b", registry=reg).set(0.3)
+        Counter("slimspec_requests", "r", ["endpoint", "code"], registry=reg)
+        port = free_port()
+        servers.append(start_http_server(port, addr="127.0.0.1", registry=reg))
+        targets.append(f"127.0.0.1:{port}")
+    try:
+        job = {
+            "job_name": "slimspec",
+            "static_configs": [
+                {"targets": targets, "labels": {"namespace": "ns1", "service": "svc"}}
+            ],
+        }
+        server = prometheus_server(targets, extra_config={"scrape_configs": [job]})
+        query = render_query(DEFAULT_QUERIES["predictedSpeedup"], "ns1", "svc")
+        server.wait_for_query(
+            query, lambda r: len(r) == 2 and all(len(s["metric"]) == 1 for s in r)
+        )
+        server.wait_for_query(
+            "count(slimspec_compression_can_help_info)",
+            lambda r: bool(r) and r[0]["value"][1] == "8",
+        )
+        view = TuningView.from_spec(
+            {"prometheus": {"url": server.url}, "tuning": {"enabled": True}}
+        )
+        sample = run(read_sample(view, "ns1", "svc", datetime.now(UTC)))
+        pred = sample.predictions
+        assert pred is not None
+        assert pred.speedup == {0.0: pytest.approx(2.0), 0.3: pytest.approx(2.4)}
+        assert pred.can_help is True  # the pod still measuring has no say
+        assert pred.best == pytest.approx(0.3) and pred.kept == {}
+    finally:
+        for srv, thread in servers:
+            srv.shutdown()
+            thread.join(5)

@@ -9,10 +9,25 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 from slimspec_operator import prom, tuner
+from slimspec_operator import ratio_effect as fx
 from slimspec_operator.prom import PromError
-from slimspec_operator.queries import queries_for, rate_window, render_query, sample_from
+from slimspec_operator.queries import (
+    VECTOR_LABELS,
+    queries_for,
+    rate_window,
+    render_query,
+    sample_from,
+    vector_values,
+)
+from slimspec_operator.ratio_effect import BackOff, EffectMemory, Trial, Verdict
 from slimspec_operator.spec import TuningView
-from slimspec_operator.tuning_plan import changes_from_status, compression_status, tuner_settings
+from slimspec_operator.tuning_plan import tuner_settings
+from slimspec_operator.tuning_status import (
+    changes_from_status,
+    compression_status,
+    effect_from_status,
+    effect_status,
+)
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -51,6 +66,12 @@ def test_camel_case_spec_and_partial_queries() -> None:
     assert 'namespace="ns",service="svc"' in q["requestRate"]
     assert "[120s]" in q["requestRate"]  # two 60 s intervals
     assert "queueDepth" not in q
+    assert q["predictedSpeedup"] == (
+        'avg by (ratio) (slimspec_ratio_predicted_speedup{namespace="ns",service="svc"})'
+    )
+    assert set(VECTOR_LABELS) <= set(q)
+    off = queries_for(TuningView.from_spec({}), "ns", "svc", scaling=True)
+    assert "predictedSpeedup" not in off  # the autoscaler alone reads no predictions
 
 
 def test_invalid_specs_are_rejected() -> None:
@@ -83,19 +104,95 @@ def test_sample_from_results() -> None:
     assert tuner.decide([down], 0.3, tuner.TunerSettings(), NOW).metrics_reason == prom.UNREACHABLE
 
 
+def test_vector_answers_and_predictions() -> None:
+    data = {
+        "resultType": "vector",
+        "result": [
+            {"metric": {"ratio": "0.0"}, "value": [1, "2.0"]},
+            {"metric": {"ratio": "0.3"}, "value": [1, "2.4"]},
+            {"metric": {"ratio": "0.95"}, "value": [1, "NaN"]},  # dropped
+        ],
+    }
+    assert vector_values(data, "ratio", "q") == {"0.0": 2.0, "0.3": 2.4}
+    with pytest.raises(PromError) as info:
+        vector_values({"resultType": "vector", "result": []}, "ratio", "q")
+    assert info.value.reason == prom.NO_DATA
+    with pytest.raises(PromError) as info:
+        vector_values({"resultType": "scalar", "result": [1, "1"]}, "ratio", "q")
+    assert info.value.reason == prom.BAD_RESPONSE
+    s = sample_from(
+        NOW,
+        {"p99Latency": 0.5, "requestRate": 3.0, "bestRatio": 0.3, "compressionCanHelp": 1.0},
+        {
+            "predictedSpeedup": {"0.0": 2.0, "0.3": 2.4, "junk": 9.0},
+            "ratioKeptAcceptance": PromError(prom.NO_DATA, "not measured yet"),
+            "compressionCanHelpReason": {"helps": 2.0},
+        },
+    )
+    assert s.predictions is not None and s.error is None
+    assert s.predictions.speedup == {0.0: 2.0, 0.3: 2.4} and s.predictions.kept == {}
+    assert s.predictions.best == 0.3 and s.predictions.can_help is True
+    assert s.predictions.reason is None
+    cannot = sample_from(
+        NOW,
+        {"requestRate": 3.0, "compressionCanHelp": 0.0},  # one measured pod says no
+        {"compressionCanHelpReason": {"head_share_small": 1.0, "helps": 1.0}},
+    )
+    assert cannot.predictions is not None and cannot.predictions.can_help is False
+    assert cannot.predictions.reason == "HeadShareTooSmall"
+    loss = sample_from(
+        NOW,
+        {"requestRate": 3.0, "compressionCanHelp": 0.0},
+        {"compressionCanHelpReason": {"acceptance_loss": 2.0, "not_measured": 1.0}},
+    )
+    assert loss.predictions is not None and loss.predictions.reason == "AcceptanceLossOutweighsGain"
+    # Every pod still measuring: the can-help query has no series, nothing is known.
+    unmeasured = sample_from(
+        NOW,
+        {"requestRate": 3.0, "compressionCanHelp": PromError(prom.NO_DATA, "")},
+        {"compressionCanHelpReason": {"not_measured": 2.0}},
+    )
+    assert unmeasured.predictions is None
+    none = sample_from(NOW, {"requestRate": 3.0}, {"predictedSpeedup": PromError("NoData", "")})
+    assert none.predictions is None
+
+
+def test_effect_memory_round_trips_through_status() -> None:
+    trial = Trial(NOW, 0.3, 0.35, fx.PREDICTED, 0.5, 4.0)
+    chained = trial.next(NOW, 0.4, 0.52, 4.1)
+    verdict = Verdict(trial, NOW, fx.WORSE, False, 0.6, 4.0, "worse", 0.3)
+    mem = EffectMemory(
+        trial=chained,
+        last=verdict,
+        backoffs=(BackOff(0.3, fx.UP, NOW, 2, fx.WORSE),),
+        faster=fx.DOWN,
+        faster_time=NOW,
+    )
+    doc = effect_status(mem)
+    assert doc["trial"]["originRatio"] == 0.3 and doc["backoff"][0]["direction"] == "up"
+    assert doc["lastTrial"]["outcome"] == fx.WORSE and doc["measuredFaster"]["direction"] == "down"
+    back = effect_from_status(doc)
+    assert back.trial == chained and back.backoffs == mem.backoffs
+    assert back.faster == fx.DOWN and back.faster_time == NOW
+    assert back.last is not None and back.last.outcome == fx.WORSE and not back.last.keep
+    assert effect_from_status({"trial": {"time": "garbage"}, "backoff": [{"from": 1}]}) == (
+        EffectMemory()
+    )
+
+
 def test_compression_status_and_history_round_trip() -> None:
     view = TuningView.from_spec({"tuning": {"enabled": True}})
-    d = tuner.Decision(0.35, True, tuner.RAISED, "p99 high", True)
+    d = tuner.Decision(0.35, True, tuner.ABOVE_TARGET, "p99 high", True)
     sample = tuner.Sample(NOW, p99_latency=0.6, request_rate=4.0, kept_acceptance=math.nan)
     st = compression_status({}, 0.3, d, sample, NOW, dry_run=False)
-    assert st["ratio"] == 0.35 and st["reason"] == tuner.RAISED
+    assert st["ratio"] == 0.35 and st["reason"] == tuner.ABOVE_TARGET
     assert st["lastChangeTime"] == "2026-01-01T12:00:00Z"
     assert st["history"] == [
         {
             "time": "2026-01-01T12:00:00Z",
             "from": 0.3,
             "to": 0.35,
-            "reason": tuner.RAISED,
+            "reason": tuner.ABOVE_TARGET,
             "requestRate": 4.0,
             "p99LatencySeconds": 0.6,
         }
@@ -109,14 +206,14 @@ def test_compression_status_and_history_round_trip() -> None:
 
 
 def test_dry_run_changes_nothing_but_says_what_it_would_do() -> None:
-    d = tuner.Decision(0.35, True, tuner.RAISED, "p99 high", True)
+    d = tuner.Decision(0.35, True, tuner.ABOVE_TARGET, "p99 high", True)
     st = compression_status({"ratio": 0.3}, 0.3, d, tuner.Sample(NOW), NOW, dry_run=True)
     assert st["ratio"] == 0.3 and st["history"] == []
     assert st["lastDecision"]["proposedRatio"] == 0.35 and st["lastDecision"]["dryRun"]
 
 
 def test_history_is_bounded() -> None:
-    d = tuner.Decision(0.35, True, tuner.RAISED, "", True)
+    d = tuner.Decision(0.35, True, tuner.ABOVE_TARGET, "", True)
     old = {"history": [{"time": "2026-01-01T00:00:00Z", "from": 0.3, "to": 0.3}] * 20}
     st = compression_status(old, 0.3, d, tuner.Sample(NOW), NOW, dry_run=False)
     assert len(st["history"]) == 20 and st["history"][-1]["to"] == 0.35

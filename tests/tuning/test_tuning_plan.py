@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from slimspec_operator import autoscaler, prom, tuner
+from slimspec_operator.ratio_predictions import Predictions
 from slimspec_operator.rollout import Event
 from slimspec_operator.spec import TuningView
 from slimspec_operator.tuner import Sample
@@ -37,10 +38,23 @@ def view(**spec: Any) -> TuningView:
     return TuningView.from_spec(base | spec)
 
 
+GRID = [round(0.05 * i, 2) for i in range(20)]
+HELPS = Predictions(speedup={r: 1.5 + r for r in GRID}, can_help=True)  # higher is faster
+CANNOT = Predictions(
+    speedup={r: 2.0 - r for r in GRID}, head_share=dict.fromkeys(GRID, 0.05), can_help=False
+)
+
+
 def reading(
-    t: float, p99: float | None = 0.6, rate: float | None = 5.0, kept: float | None = 0.99
+    t: float,
+    p99: float | None = 0.6,
+    rate: float | None = 5.0,
+    kept: float | None = 0.99,
+    pred: Predictions | None = HELPS,
 ) -> Sample:
-    return Sample(time=at(t), p99_latency=p99, request_rate=rate, kept_acceptance=kept)
+    return Sample(
+        time=at(t), p99_latency=p99, request_rate=rate, kept_acceptance=kept, predictions=pred
+    )
 
 
 def run(
@@ -67,9 +81,9 @@ def reason(plan: TickPlan) -> str:
     return plan.status["compression"]["lastDecision"]["reason"]
 
 
-def condition(plan: TickPlan) -> dict[str, Any]:
+def condition(plan: TickPlan, kind: str = "MetricsAvailable") -> dict[str, Any]:
     assert plan.status is not None
-    (cond,) = plan.status["conditions"]
+    (cond,) = [c for c in plan.status["conditions"] if c["type"] == kind]
     return cond
 
 
@@ -79,7 +93,7 @@ def test_two_samples_over_target_raise_by_one_step_and_announce_it() -> None:
     plan = run(view(), [reading(0), reading(10)])
     assert plan.status is not None
     comp = plan.status["compression"]
-    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tuner.RAISED
+    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tuner.ABOVE_TARGET
     assert comp["lastChangeTime"] == "2026-01-01T12:00:10Z"
     assert comp["history"][-1]["from"] == 0.3 and comp["history"][-1]["to"] == 0.35
     assert plan.ratio is not None and plan.ratio.text == "0.35"  # the ConfigMap's text
@@ -117,11 +131,68 @@ def test_dead_band_holds() -> None:
     assert condition(plan)["status"] == "True"
 
 
-def test_cooldown_holds_after_a_change_until_it_has_passed() -> None:
+def test_a_change_is_measured_through_the_cooldown_then_confirmed_and_the_next_follows() -> None:
     plan = run(view(), [reading(0), reading(10), reading(20), reading(30)])
-    assert reason(plan) == tuner.HOLD_COOLDOWN and plan.ratio is None
-    later = run(view(), [reading(t) for t in (0, 10, 20, 30, 70)])  # 60 s after the change
-    assert later.ratio is not None and later.ratio.text == "0.4"
+    assert reason(plan) == tuner.HOLD_MEASURING and plan.ratio is None
+    assert plan.status is not None
+    trial = plan.status["compression"]["trial"]
+    assert (trial["from"], trial["to"], trial["basis"]) == (0.3, 0.35, "predicted")
+    # Cooldown (60 s) passed and two samples since: p99 did not get worse, kept.
+    judged = run(view(), [reading(t) for t in (0, 10, 20, 30, 70, 80)])
+    assert reason(judged) == tuner.CONFIRMED and judged.ratio is None
+    assert judged.status is not None
+    comp = judged.status["compression"]
+    assert "trial" not in comp and comp["lastTrial"]["kept"] is True
+    assert [e.reason for e in judged.events] == [tuner.CONFIRMED]
+    nxt = run(view(), [reading(t) for t in (0, 10, 20, 30, 70, 80, 90)])
+    assert nxt.ratio is not None and nxt.ratio.text == "0.4"
+
+
+def test_a_change_that_made_latency_worse_is_reverted_with_a_warning() -> None:
+    samples = [reading(0), reading(10), reading(70, p99=0.8), reading(80, p99=0.8)]
+    plan = run(view(), samples)
+    assert plan.ratio is not None and plan.ratio.text == "0.3"
+    assert plan.ratio.event.type == "Warning"
+    assert plan.ratio.event.reason == tuner.REVERTED_WORSE
+    assert plan.status is not None
+    comp = plan.status["compression"]
+    assert comp["reason"] == tuner.REVERTED_WORSE and comp["history"][-1]["to"] == 0.3
+    assert comp["lastTrial"]["outcome"] == "Worse" and comp["lastTrial"]["kept"] is False
+    (backoff,) = comp["backoff"]
+    assert (backoff["from"], backoff["direction"]) == (0.3, "up")
+    assert backoff["until"] == "2026-01-01T12:11:20Z"  # 10 cooldowns later
+    # Later, still over target: the same raise is not tried again yet.
+    again = run(view(), [*samples, reading(150), reading(160)])
+    assert reason(again) == tuner.HOLD_BACKING_OFF and again.ratio is None
+
+
+def test_compression_effective_condition_follows_the_predictions() -> None:
+    plan = run(view(), [reading(0)])
+    assert condition(plan, "CompressionEffective")["status"] == "True"
+    assert plan.status is not None
+    preds = plan.status["compression"]["predictions"]
+    assert preds["canHelp"] is True and preds["speedupAtRatio"] == pytest.approx(1.8)
+    assert preds["ratios"][0] == {"ratio": 0.0, "speedup": 1.5}
+    cannot = run(view(), [reading(0), reading(10, pred=CANNOT)])
+    cond = condition(cannot, "CompressionEffective")
+    assert (cond["status"], cond["reason"]) == ("False", "HeadShareTooSmall")
+    assert "CompressionIneffective" in [e.reason for e in cannot.events]
+    assert cannot.ratio is not None and cannot.ratio.text == "0.2"  # toward the lowest
+    assert reason(cannot) == tuner.CANNOT_HELP
+    none = run(view(), [reading(0, pred=None)])
+    assert condition(none, "CompressionEffective")["status"] == "Unknown"
+    assert none.status is not None and "predictions" not in none.status["compression"]
+    # Prometheus down says nothing about compression: the condition stands.
+    down = Sample(time=at(20), error=(prom.UNREACHABLE, "refused"))
+    held = run(view(), [reading(0), reading(10, pred=CANNOT), down])
+    assert condition(held, "CompressionEffective")["status"] == "False"
+
+
+def test_without_predictions_one_step_is_tried_down_first() -> None:
+    plan = run(view(), [reading(0, pred=None), reading(10, pred=None)])
+    assert plan.ratio is not None and plan.ratio.text == "0.2"
+    assert plan.status is not None
+    assert plan.status["compression"]["trial"]["basis"] == "measured"
 
 
 def test_quality_below_threshold_steps_down_at_once() -> None:
@@ -138,6 +209,7 @@ def test_dry_run_reports_and_changes_nothing() -> None:
     assert comp["ratio"] == 0.3 and comp["lastDecision"]["proposedRatio"] == pytest.approx(0.2)
     assert plan.ratio is None
     assert [e.reason for e in plan.events] == ["DryRunCompression", "MetricsAvailable"]
+    assert "trial" not in comp  # nothing changed, so nothing is measured
 
 
 def test_scale_up_sets_replicas_and_starts_the_ratios_settle_window() -> None:

@@ -80,9 +80,26 @@ class Process:
 
 
 def engine_process(
-    port: int, namespace: str, service: str, kubeconfig: str, workdir: Path, model: str
+    port: int,
+    namespace: str,
+    service: str,
+    kubeconfig: str,
+    workdir: Path,
+    model: str,
+    *,
+    draft: str | None = None,
+    dtype: str = "float32",
+    draft_quantization: str | None = None,
+    num_draft_tokens: int | None = 3,
+    max_batch_size: int = 4,
+    name: str = "engine",
 ) -> Process:
-    """`slimspec serve` on loopback, watching the `<service>-runtime` ConfigMap."""
+    """`slimspec serve` on loopback, watching the `<service>-runtime` ConfigMap.
+
+    By default the model drafts for itself in float32, with 3 draft tokens: draft =
+    target here, so adaptive k would find drafting never pays and stop drafting;
+    then the shadow check never measures kept acceptance and the tuner (rightly) holds.
+    """
     env = dict(os.environ)
     env |= {
         "KUBECONFIG": kubeconfig,
@@ -90,13 +107,15 @@ def engine_process(
         "POD_NAMESPACE": namespace,
         "OMP_NUM_THREADS": "1",  # two cores shared with the control plane
     }
-    argv = [PYTHON, "-m", "slimspec", "serve", "--target", model, "--draft", model]
-    argv += ["--dtype", "float32", "--device", "cpu", "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "--max-batch-size", "4", "--log-level", "warning"]
-    # Draft = target here, so adaptive k would find drafting never pays and stop drafting;
-    # then the shadow check never measures kept acceptance and the tuner (rightly) holds.
-    argv += ["--num-draft-tokens", "3"]
-    return Process(argv, env, workdir / "engine.log")
+    argv = [PYTHON, "-m", "slimspec", "serve", "--target", model, "--draft", draft or model]
+    argv += ["--dtype", dtype, "--device", "cpu", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--max-batch-size", str(max_batch_size)]
+    argv += ["--log-level", "warning"]
+    if draft_quantization is not None:
+        argv += ["--draft-quantization", draft_quantization]
+    if num_draft_tokens is not None:
+        argv += ["--num-draft-tokens", str(num_draft_tokens)]
+    return Process(argv, env, workdir / f"{name}.log")
 
 
 def tuner_process(namespace: str, env: dict[str, str], workdir: Path) -> Process:
@@ -129,26 +148,37 @@ def wait_ready(url: str, proc: Process, timeout: float) -> None:
 
 
 class LoadGen:
-    """`workers` threads posting short /infer requests back to back."""
+    """`workers` threads posting /infer requests back to back; each finished
+    request's (completion time on the monotonic clock, seconds taken) is kept."""
 
-    def __init__(self, base_url: str, workers: int = 2, max_length: int = 4) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        workers: int = 2,
+        max_length: int = 4,
+        prompt: str = "The capital of France is",
+    ) -> None:
         self.url = f"{base_url}/infer"
-        self.body = json.dumps({"input": "The capital of France is", "max_length": max_length})
+        self.body = json.dumps({"input": prompt, "max_length": max_length})
         self.workers = workers
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.done = 0
         self.errors = 0
+        self.latencies: list[tuple[float, float]] = []
 
     def _loop(self) -> None:
         while not self.stop_event.is_set():
             req = urllib.request.Request(
                 self.url, self.body.encode(), {"Content-Type": "application/json"}
             )
+            start = time.monotonic()
             try:
                 with urllib.request.urlopen(req, timeout=120) as resp:
                     resp.read()
                 self.done += 1
+                end = time.monotonic()
+                self.latencies.append((end, end - start))
             except (urllib.error.URLError, OSError):
                 self.errors += 1
                 time.sleep(0.5)
@@ -264,11 +294,13 @@ class Recorder:
         raise TimeoutError(f"timed out after {timeout}s waiting for {what}; last: {last}")
 
 
-def service_spec(prom_url: str, **tuning: Any) -> dict[str, Any]:
+def service_spec(prom_url: str, window: str = "30s", **tuning: Any) -> dict[str, Any]:
     """Tuning settings sized for a short run: decisions every 3 s, 6 s cooldown.
 
     The engine answers in seconds on a shared CPU, so the latency queries use a
-    30 s window (enough finished requests for a p99) instead of the default.
+    `window` (default 30 s: enough finished requests for a p99) instead of the
+    default. A change is judged on samples taken a cooldown after it, so a run
+    that wants sound verdicts sets `cooldownSeconds` to at least the window.
     """
     sel = 'namespace="{namespace}",service="{service}"'
     return {
@@ -286,8 +318,8 @@ def service_spec(prom_url: str, **tuning: Any) -> dict[str, Any]:
             "latencyTargetSeconds": 0.05,
             "queries": {
                 "p99Latency": "histogram_quantile(0.99, sum by (le) (rate("
-                f"slimspec_request_latency_seconds_bucket{{{sel}}}[30s])))",
-                "requestRate": f"sum(rate(slimspec_requests_total{{{sel}}}[30s]))",
+                f"slimspec_request_latency_seconds_bucket{{{sel}}}[{window}])))",
+                "requestRate": f"sum(rate(slimspec_requests_total{{{sel}}}[{window}]))",
             },
             **tuning,
         },

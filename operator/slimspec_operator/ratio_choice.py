@@ -1,0 +1,290 @@
+"""Which way to move the ratio, and whether the last move stays (pure).
+
+Called by tuner.decide once the data is usable, the quality guard has had its
+say and neither traffic nor a replica change holds the ratio. Two sources of
+direction, never an assumed one:
+
+- the engines' predictions (ratio_predictions.py): the ratio predicted fastest
+  within bounds, a lower ratio predicted no slower, and whether compression can
+  help at all;
+- without them, the measured effect: one step tried (the direction last
+  measured faster first, else down, the safe side, then up), kept only if the
+  samples after the cooldown say so.
+
+Every latency move is a trial that `judge_trial` keeps or reverts after the
+cooldown (ratio_effect.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from . import ratio_effect as fx
+from . import ratio_predictions as rp
+from .ratio_effect import DOWN, UP, Trial
+from .tuner_types import (
+    ABOVE_TARGET,
+    BELOW_TARGET,
+    CANNOT_HELP,
+    CONFIRMED,
+    HOLD_AT_MAX,
+    HOLD_AT_MIN,
+    HOLD_BACKING_OFF,
+    HOLD_BAND,
+    HOLD_CONFIRMING,
+    HOLD_LOAD_NOT_LOWER,
+    HOLD_MEASURING,
+    HOLD_NO_PREDICTED_GAIN,
+    HOLD_QUALITY_UNKNOWN,
+    HOLD_WOULD_BREACH,
+    NO_SLOWER,
+    REVERT_REASONS,
+    Decision,
+    Situation,
+    move,
+    recent_p99,
+    recent_raise_still_needed,
+)
+
+_EPS = 1e-6
+
+
+def judge_trial(sit: Situation, trial: Trial, last_replica_change: datetime | None) -> Decision:
+    """Keep or revert the change in trial, once the cooldown has passed and
+    `confirmations` samples have been taken since."""
+    s = sit.s
+    since = (sit.now - trial.time).total_seconds()
+    what = f"{trial.from_ratio:g} -> {trial.to_ratio:g}"
+    if since < s.cooldown:
+        return sit.hold(HOLD_MEASURING, f"measuring {what}: {since:.0f}s of {s.cooldown:g}s")
+    after_cooldown = [x for x in sit.samples if (x.time - trial.time).total_seconds() >= s.cooldown]
+    p99s = recent_p99(after_cooldown, s.confirmations)
+    if len(p99s) < s.confirmations:
+        return sit.hold(HOLD_MEASURING, f"measuring {what}: {len(p99s)}/{s.confirmations} samples")
+    changed = last_replica_change is not None and last_replica_change > trial.time
+    v = fx.judge(
+        trial, p99s, sit.rate, sit.now, s.latency_target, s.dead_band, s.dead_band, changed
+    )
+    effect = sit.effect.learnt(v)
+    if v.keep:
+        return replace(sit.hold(CONFIRMED, v.message), effect=effect, verdict=v)
+    back = trial.from_ratio if v.revert_to is None else v.revert_to
+    if v.outcome != fx.INCONCLUSIVE:
+        backoffs = fx.with_backoff(
+            effect.backoffs,
+            back,
+            trial.direction,
+            sit.now,
+            v.outcome,
+            s.backoff_seconds,
+            s.backoff_max_factor,
+        )
+        effect = replace(effect, backoffs=backoffs)
+    back = min(max(back, s.min_ratio), s.max_ratio)
+    decision = move(sit.ratio, back, REVERT_REASONS[v.outcome], v.message, effect)
+    return replace(decision, verdict=v)
+
+
+def choose(sit: Situation) -> Decision:
+    """The move (or hold) once nothing else holds the ratio."""
+    direction = _latency_direction(sit)
+    pred = sit.predictions
+    if pred is not None and pred.can_help is False:
+        return _cannot_help(sit, pred)
+    if pred is not None and pred.usable and rp.speedup_at(pred, sit.ratio) is not None:
+        no_slower = _lower_no_slower(sit, pred)
+        if no_slower is not None:
+            return no_slower
+        if isinstance(direction, Decision):
+            return direction
+        if direction == UP:
+            return _toward_fastest(sit, pred)
+        return _lower_for_headroom(sit, pred)
+    if isinstance(direction, Decision):
+        return direction
+    if direction == UP:
+        return _measured_step(sit)
+    return _lower_for_headroom(sit, None)
+
+
+def _latency_direction(sit: Situation) -> int | Decision:
+    """UP when the last samples are all over target (p99 must come down), DOWN when
+    all are under the band (headroom), else the hold that says why not."""
+    s = sit.s
+    lower_edge = s.latency_target * (1.0 - s.dead_band)
+    recent = recent_p99(sit.samples, s.confirmations)
+    confirming = f"p99 {sit.p99:.3f}s; waiting for {s.confirmations} samples"
+    if recent and all(x > s.latency_target for x in recent):
+        direction = UP
+    elif recent and all(x < lower_edge for x in recent):
+        direction = DOWN
+    elif sit.p99 > s.latency_target or sit.p99 < lower_edge:
+        return sit.hold(HOLD_CONFIRMING, confirming)
+    else:
+        band = f"p99 {sit.p99:.3f}s within [{lower_edge:.3f}, {s.latency_target:g}]s"
+        return sit.hold(HOLD_BAND, band)
+    if len(recent) < s.confirmations:
+        return sit.hold(HOLD_CONFIRMING, confirming)
+    return direction
+
+
+def _cannot_help(sit: Situation, pred: rp.Predictions) -> Decision:
+    """The engines say no ratio beats the full head beyond their uncertainty: go
+    to the lowest allowed ratio (or the engines' best, if they name a higher one)
+    and stay there; never raise."""
+    s = sit.s
+    best = pred.best if pred.best is not None else s.min_ratio
+    desired = min(max(best, s.min_ratio), s.max_ratio)
+    reason = rp.cannot_help_reason(pred)
+    if sit.ratio > desired + _EPS:
+        if (b := sit.blocked(DOWN)) is not None:
+            return _backing_off(sit, b)
+        new = max(desired, sit.ratio - sit.down_step)
+        msg = f"compression cannot help here ({reason}); lowering toward {desired:g}"
+        return sit.trial(new, CANNOT_HELP, msg, fx.CANNOT_HELP)
+    return sit.hold(CANNOT_HELP, f"compression cannot help here ({reason}); not raising")
+
+
+def _lower_no_slower(sit: Situation, pred: rp.Predictions) -> Decision | None:
+    """A lower ratio predicted at least as fast keeps more acceptance for free."""
+    if sit.ratio <= sit.s.min_ratio + _EPS or sit.blocked(DOWN) is not None:
+        return None
+    here = rp.speedup_at(pred, sit.ratio)
+    new = max(sit.s.min_ratio, sit.ratio - sit.down_step)
+    there = rp.speedup_at(pred, new)
+    if here is None or there is None or there < here:
+        return None
+    msg = f"{new:g} predicted {there:.2f}x vs {here:.2f}x at {sit.ratio:g}: no slower, safer"
+    return sit.trial(new, NO_SLOWER, msg, fx.PREDICTED)
+
+
+def _toward_fastest(sit: Situation, pred: rp.Predictions) -> Decision:
+    """p99 over target: one step toward the ratio predicted fastest."""
+    s, ratio = sit.s, sit.ratio
+
+    def allowed(r: float) -> bool:
+        if r > ratio + _EPS:
+            kept = rp.kept_at(pred, r)
+            return (
+                sit.kept is not None
+                and (kept is None or kept >= s.quality_threshold)
+                and sit.blocked(UP) is None
+            )
+        return r >= ratio - _EPS or sit.blocked(DOWN) is None
+
+    here = rp.speedup_at(pred, ratio) or 0.0
+    best = rp.fastest(pred, s.min_ratio, s.max_ratio, s.min_predicted_gain, allowed)
+    gain = rp.predicted_gain(pred, ratio, best) if best is not None else None
+    if best is None or gain is None or gain < s.min_predicted_gain:
+        return _why_not_faster(sit, pred, here)
+    top = rp.speedup_at(pred, best) or 0.0
+    msg = (
+        f"p99 {sit.p99:.3f}s > target {s.latency_target:g}s; {best:g} predicted "
+        f"{top:.2f}x vs {here:.2f}x at {ratio:g}"
+    )
+    if best > ratio:
+        return sit.trial(min(best, ratio + s.max_step), ABOVE_TARGET, msg, fx.PREDICTED)
+    return sit.trial(max(best, ratio - sit.down_step), ABOVE_TARGET, msg, fx.PREDICTED)
+
+
+def _why_not_faster(sit: Situation, pred: rp.Predictions, here: float) -> Decision:
+    """The hold when p99 is over target and no allowed ratio is predicted faster."""
+    s = sit.s
+    best = rp.fastest(pred, s.min_ratio, s.max_ratio, s.min_predicted_gain)
+    gain = rp.predicted_gain(pred, sit.ratio, best) if best is not None else None
+    if best is not None and gain is not None and gain >= s.min_predicted_gain:
+        direction = UP if best > sit.ratio else DOWN
+        if (b := sit.blocked(direction)) is not None:
+            return _backing_off(sit, b)
+        if direction == UP and sit.kept is None:
+            return sit.hold(HOLD_QUALITY_UNKNOWN, "no kept-acceptance reading; not raising")
+        return sit.hold(
+            HOLD_NO_PREDICTED_GAIN,
+            f"{best:g} predicted faster but its measured kept acceptance "
+            f"{rp.kept_at(pred, best)} is under {s.quality_threshold:g}",
+        )
+    return sit.hold(
+        HOLD_NO_PREDICTED_GAIN,
+        f"p99 {sit.p99:.3f}s > target {s.latency_target:g}s but no ratio in "
+        f"[{s.min_ratio:g}, {s.max_ratio:g}] is predicted {s.min_predicted_gain:.0%} faster "
+        f"than {sit.ratio:g} ({here:.2f}x); capacity has to answer",
+    )
+
+
+def _measured_step(sit: Situation) -> Decision:
+    """p99 over target, no predictions: try one step and let the verdict decide.
+    While a recent trial says which direction is faster, only that one; else
+    down (the safe side), then up."""
+    s, ratio = sit.s, sit.ratio
+    faster = sit.effect.faster_known(sit.now, s.backoff_seconds * s.backoff_max_factor)
+    order = [faster] if faster is not None else [DOWN, UP]
+    why: list[str] = [] if faster is None else [f"{fx.direction_name(faster)} measured faster"]
+    reasons: list[str] = []
+    for d in order:
+        if d == DOWN and ratio <= s.min_ratio + _EPS:
+            why.append("at min")
+            reasons.append(HOLD_AT_MIN)
+            continue
+        if d == UP and ratio >= s.max_ratio - _EPS:
+            why.append("at max")
+            reasons.append(HOLD_AT_MAX)
+            continue
+        if (b := sit.blocked(d)) is not None:
+            why.append(f"{fx.direction_name(d)} backed off until {b.until:%H:%M:%S}")
+            reasons.append(HOLD_BACKING_OFF)
+            continue
+        if d == UP and sit.kept is None:
+            why.append("no kept-acceptance reading to raise on")
+            reasons.append(HOLD_QUALITY_UNKNOWN)
+            continue
+        new = ratio + s.max_step if d == UP else ratio - sit.down_step
+        new = min(max(new, s.min_ratio), s.max_ratio)
+        msg = (
+            f"p99 {sit.p99:.3f}s > target {s.latency_target:g}s; no predictions: "
+            f"trying {new:g} and measuring"
+        )
+        return sit.trial(new, ABOVE_TARGET, msg, fx.MEASURED)
+    reason = next((r for r in (HOLD_BACKING_OFF, HOLD_QUALITY_UNKNOWN) if r in reasons), reasons[0])
+    return sit.hold(reason, f"p99 {sit.p99:.3f}s above target; " + ", ".join(why))
+
+
+def _lower_for_headroom(sit: Situation, pred: rp.Predictions | None) -> Decision:
+    """p99 well under target: buy back the safe side, unless that would cross
+    the target (predicted) or undo a raise the load still needs (anti-flap)."""
+    s, ratio = sit.s, sit.ratio
+    if ratio <= s.min_ratio + _EPS:
+        return sit.hold(HOLD_AT_MIN, f"p99 {sit.p99:.3f}s below target, at min")
+    if (b := sit.blocked(DOWN)) is not None:
+        return _backing_off(sit, b)
+    new = max(s.min_ratio, ratio - sit.down_step)
+    if pred is not None:
+        here, there = rp.speedup_at(pred, ratio), rp.speedup_at(pred, new)
+        if here is not None and there is not None and there > 0:
+            expected = sit.p99 * here / there
+            if expected > s.latency_target:
+                return sit.hold(
+                    HOLD_WOULD_BREACH,
+                    f"{new:g} predicted {there:.2f}x vs {here:.2f}x: p99 about "
+                    f"{expected:.3f}s, over the target {s.latency_target:g}s",
+                )
+    # Headroom of twice the dead band: the raise is clearly no longer needed.
+    far_below = sit.p99 < s.latency_target * (1.0 - 2.0 * s.dead_band)
+    blocker = None if far_below else recent_raise_still_needed(sit.changes, sit.rate, s, sit.now)
+    if blocker is not None:
+        return sit.hold(
+            HOLD_LOAD_NOT_LOWER,
+            f"raised to {blocker.to_ratio:g} at {blocker.time:%H:%M:%S} under load "
+            f"{blocker.request_rate} req/s; load now {sit.rate:.3g} req/s",
+        )
+    lower_edge = s.latency_target * (1.0 - s.dead_band)
+    msg = f"p99 {sit.p99:.3f}s < {lower_edge:.3f}s"
+    return sit.trial(new, BELOW_TARGET, msg, fx.HEADROOM)
+
+
+def _backing_off(sit: Situation, b: fx.BackOff) -> Decision:
+    return sit.hold(
+        HOLD_BACKING_OFF,
+        f"moving {fx.direction_name(b.direction)} from {b.from_ratio:g} was reverted "
+        f"({b.reason}, {b.count}x); not before {b.until:%H:%M:%S}",
+    )
