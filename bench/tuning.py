@@ -179,9 +179,9 @@ def run_config(
                 custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, SVC, patch)
             while time.monotonic() - start < seconds:
                 time.sleep(1)
-                if phase == "baseline" and time.monotonic() - start > seconds / 2:
-                    if (v := query(p99_q)) is not None:
-                        baseline_p99.append(v)
+                half_way = time.monotonic() - start > seconds / 2
+                if phase == "baseline" and half_way and (v := query(p99_q)) is not None:
+                    baseline_p99.append(v)
             marks[phase] = (start, time.monotonic())
             if phase == "tuning":  # the tuner's status, before tuning off gives it back
                 body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, SVC)

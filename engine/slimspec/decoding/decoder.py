@@ -303,6 +303,7 @@ class SpeculativeDecoder:
         """Most tokens (prompt + generated) a request may hold: the target's positions."""
         return self._batch.max_positions
 
+    @property
     def head(self) -> DraftHead:
         """The compressed head in use (a re-rank from traffic replaces it between steps)."""
         return self._drafter.head
