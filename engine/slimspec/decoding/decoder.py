@@ -390,8 +390,17 @@ class SpeculativeDecoder:
         prompt = [int(t) for t in self.head.ranking[:4].tolist()]
         greedy = GenerationRequest("__warmup__", prompt, tokens, SamplingParams(), frozenset())
         sampled = SamplingParams(temperature=1.0, seed=0)
-        self.generate_batch([greedy])
-        self.generate_batch([GenerationRequest("__warmup2__", prompt, 4, sampled, frozenset())])
+        # Warm-up always drafts (adaptive k may choose plain target steps on a pair
+        # that agrees little), so the draft path runs once and its timings are measured.
+        adaptive = self._settings.fixed_k is None
+        if adaptive:
+            self._settings.set_num_draft_tokens(min(2, self._settings.max_draft_tokens))
+        try:
+            self.generate_batch([greedy])
+            self.generate_batch([GenerationRequest("__warmup2__", prompt, 4, sampled, frozenset())])
+        finally:
+            if adaptive:
+                self._settings.set_num_draft_tokens(None)
         self.stats = DecoderStats()
         with self._step_lock:
             self._compressed.measure_heads(self._clock, self._settings.snapshot())

@@ -73,7 +73,8 @@ class RequestGuard:
             return
         body_deadline = time.monotonic() + self.state.service.limits.body_timeout_s
         seen = 0
-        body_done = False
+        # a request without a body (no length or 0, not chunked) has nothing left to read
+        body_done = clen in (None, b"0") and b"transfer-encoding" not in headers
         client_gone = False
 
         async def guarded_receive() -> Any:
@@ -105,6 +106,11 @@ class RequestGuard:
             nonlocal status
             if msg["type"] == "http.response.start":
                 status = msg["status"]
+                if not body_done:
+                    # Answered before the body arrived (408, 413, 401): the rest of the
+                    # body would be read as the next request, so close after this answer.
+                    headers = [h for h in msg.get("headers", []) if h[0].lower() != b"connection"]
+                    msg = {**msg, "headers": [*headers, (b"connection", b"close")]}
             await send(msg)
 
         in_flight: InFlight = self.state.service.in_flight
