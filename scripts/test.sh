@@ -4,8 +4,12 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 t_all=$SECONDS
 step "bootstrap venv" bash "$REPO_ROOT/scripts/bootstrap.sh"
-step "test bed binaries (kube-apiserver, controller-manager, etcd, helm, prometheus)" \
+step "test bed binaries (Kubernetes control plane + node, etcd, helm, Prometheus, runtime)" \
   bash "$REPO_ROOT/scripts/testbed/install.sh"
+step "images (Debian base, engine, operator, pause, Prometheus; cached by content)" \
+  bash "$REPO_ROOT/scripts/testbed/images.sh"
+step "images into the real node's containerd (by content tag)" \
+  bash "$REPO_ROOT/scripts/testbed/node.sh" import
 step "linters (checkov, own pinned venv)" bash "$REPO_ROOT/scripts/install-linters.sh"
 step "real model pair (fetch, verify, convert)" \
   "$VENV/bin/python" -m slimspec.fetch --pair default
