@@ -22,12 +22,6 @@ Not a test: figures depend on the machine.
 
 from __future__ import annotations
 
-import sys
-
-# Keep bench/ off the path: a script there named like a stdlib module would shadow it.
-if sys.path and sys.path[0].rstrip("/").endswith("bench"):
-    sys.path.pop(0)
-
 import argparse
 import gc
 import json
@@ -42,16 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from slimspec.artifact import find_artifact, stdlib_py_files
+from slimspec.calibrate import main as calibrate_main
+from slimspec.cpu_pack import pack_target
+from slimspec.decoder import SpeculativeDecoder
+from slimspec.models import load_causal_lm, resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "engine"))
-
-from slimspec.artifact import find_artifact, stdlib_py_files  # noqa: E402
-from slimspec.calibrate import main as calibrate_main  # noqa: E402
-from slimspec.cpu_pack import pack_target  # noqa: E402
-from slimspec.decoder import SpeculativeDecoder  # noqa: E402
-from slimspec.models import load_causal_lm, resolve_model_path  # noqa: E402
-
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 FAST_QUANTS = ("int4-fused", "int8-fused")

@@ -29,32 +29,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import yaml
+from kubernetes import client
+from slimspec_testbed.control_plane import running_cluster
+from slimspec_testbed.resources import GROUP, PLURAL, VERSION, sample_service
+from slimspec_testbed.tools import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import yaml  # noqa: E402
-from kubernetes import client  # noqa: E402
-
-from tests.support.cluster import running_cluster  # noqa: E402
-from tests.support.tools import free_port  # noqa: E402
-
-G, V, P = "slimspec.io", "v1alpha1", "slimspecservices"
-
-
-def resource(name: str, version: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{G}/{V}",
-        "kind": "SlimSpecService",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 2,
-            "model": {
-                "version": version,
-                "target": {"source": "pvc", "pvc": {"claimName": "models", "path": "t"}},
-                "draft": {"source": "pvc", "pvc": {"claimName": "models", "path": "d"}},
-            },
-        },
-    }
 
 
 def poll(fn, timeout: float = 60, interval: float = 0.02) -> float:
@@ -85,7 +66,7 @@ def one_run(cluster, custom, apps, driver, ns: str, name: str) -> dict[str, floa
     sel = f"app.kubernetes.io/instance={name}"
 
     def obj() -> dict[str, Any]:
-        return custom.get_namespaced_custom_object(G, V, ns, P, name)
+        return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
 
     def deployments() -> list[Any]:
         return apps.list_namespaced_deployment(ns, label_selector=sel).items
@@ -93,7 +74,9 @@ def one_run(cluster, custom, apps, driver, ns: str, name: str) -> dict[str, floa
     out: dict[str, float] = {}
     with driver.start(ns, sel, ready=True, interval=0.05):
         t0 = time.monotonic()
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(resource(name, "v1")))
+        cluster.kubectl(
+            "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(sample_service(name, "v1"))
+        )
         out["apply_to_deployment_s"] = poll(deployments) - t0
         out["apply_to_ready_s"] = (
             poll(lambda: condition(obj(), "Ready").get("status") == "True") - t0
@@ -102,7 +85,7 @@ def one_run(cluster, custom, apps, driver, ns: str, name: str) -> dict[str, floa
 
         t1 = time.monotonic()
         patch = json.dumps({"spec": {"model": {"version": "v2"}}})
-        cluster.kubectl("patch", "-n", ns, f"{P}/{name}", "--type=merge", "-p", patch)
+        cluster.kubectl("patch", "-n", ns, f"{PLURAL}/{name}", "--type=merge", "-p", patch)
 
         def done() -> bool:
             o = obj()
@@ -113,7 +96,7 @@ def one_run(cluster, custom, apps, driver, ns: str, name: str) -> dict[str, floa
             )
 
         out["rollout_s"] = poll(done) - t1
-    custom.delete_namespaced_custom_object(G, V, ns, P, name)
+    custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
     return out
 
 
@@ -130,7 +113,9 @@ def main() -> int:
     }
     with running_cluster() as cluster:
         cluster.kubectl("apply", "-f", str(ROOT / "crds" / "slimspecservice.yaml"))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{P}.{G}", "--timeout=30s")
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=30s"
+        )
         ns = cluster.create_namespace("bench")
         env = dict(cluster.env, PYTHONUNBUFFERED="1", SLIMSPEC_TUNING_TICK_SECONDS="3600")
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / "slimspec-operator-bench.log"

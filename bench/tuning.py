@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -33,18 +32,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from kubernetes import client  # noqa: E402
-
-from tests.support.cluster import running_cluster  # noqa: E402
-from tests.support.tools import PrometheusServer, free_port, scrape_config, tool_path  # noqa: E402
-from tests.tuning.conftest import scrape_job, service_manifest  # noqa: E402
-from tests.tuning.harness import (  # noqa: E402
-    GROUP,
-    PLURAL,
-    VERSION,
+from kubernetes import client
+from slimspec_testbed.control_plane import running_cluster
+from slimspec_testbed.models import small_real_model
+from slimspec_testbed.prometheus import PrometheusServer, scrape_config, scrape_job
+from slimspec_testbed.resources import GROUP, PLURAL, VERSION, service_manifest
+from slimspec_testbed.tools import REPO_ROOT, free_port, tool_path
+from slimspec_testbed.tuning_scenario import (
     LoadGen,
     Recorder,
     engine_process,
@@ -57,7 +51,7 @@ SVC = "chat"
 NS = "bench-tuning"
 TARGET_FACTOR = 1.6
 SURGE_CLIENTS = 6
-RESULTS = REPO / "bench" / "results"
+RESULTS = REPO_ROOT / "bench" / "results"
 
 
 def prom_query(url: str):
@@ -81,13 +75,10 @@ def log(msg: str, t0: float) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     scale = 0.5 if args.quick else 1.0
     t_start = time.monotonic()
-    from slimspec.fetch import fetch_model
-    from slimspec.model_registry import SMOLLM2_135M
-
-    model = str(fetch_model(SMOLLM2_135M.name))
+    model = str(small_real_model())
     work = Path(tempfile.mkdtemp(prefix="bench-tuning-"))
     with running_cluster() as cluster:
-        crd = args.crd or str(REPO / "crds" / "slimspecservice.yaml")
+        crd = args.crd or str(REPO_ROOT / "crds" / "slimspecservice.yaml")
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", crd)
         cluster.kubectl("wait", "--for=condition=Established", "crd/slimspecservices.slimspec.io")
         cluster.create_namespace(NS)

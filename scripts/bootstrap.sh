@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create the project's virtualenv (.venv in the checkout) from the pinned lock
-# file, with uv, and install both distributions (engine, operator) editable.
+# file, with uv, and install both distributions (engine, operator) and the
+# development test bed (scripts/testbed, shared by tests/ and bench/) editable.
 # Idempotent: a venv whose lock hash matches is reused as is.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -18,7 +19,8 @@ ensure_uv() {
 make_venv() {
   local want
   want="$(cat "$REPO_ROOT/requirements-dev.lock" "$REPO_ROOT/engine/pyproject.toml" \
-          "$REPO_ROOT/operator/pyproject.toml" | sha256sum | cut -c1-16)"
+          "$REPO_ROOT/operator/pyproject.toml" "$REPO_ROOT/scripts/testbed/pyproject.toml" \
+          | sha256sum | cut -c1-16)"
   if [ -f "$VENV/.slimspec-lock" ] && [ "$(cat "$VENV/.slimspec-lock")" = "$want" ]; then
     echo "venv up to date ($VENV)"
     return
@@ -26,7 +28,7 @@ make_venv() {
   uv venv --python python3.11 --allow-existing "$VENV"
   uv pip sync --python "$VENV/bin/python" "$REPO_ROOT/requirements-dev.lock"
   uv pip install --python "$VENV/bin/python" --no-deps \
-    -e "$REPO_ROOT/engine" -e "$REPO_ROOT/operator"
+    -e "$REPO_ROOT/engine" -e "$REPO_ROOT/operator" -e "$REPO_ROOT/scripts/testbed"
   echo "$want" > "$VENV/.slimspec-lock"
 }
 

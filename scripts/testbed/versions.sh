@@ -1,5 +1,5 @@
 # Pinned versions of the test bed's tools. Sourced by install.sh; the Python
-# fixtures read the same file (tests/support/tools.py), so keep it KEY=VALUE.
+# test bed reads the same file (slimspec_testbed/tools.py), so keep it KEY=VALUE.
 K8S_VERSION=v1.36.3
 K8S_STAGING_VERSION=v0.36.3
 K8S_GO_DIRECTIVE=1.26.0

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.support.tools import run_checked, tool_path
+from slimspec_testbed.tools import run_checked, tool_path
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "slimspec"

@@ -32,9 +32,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.support.cluster import KubeCluster
-from tests.support.tools import Helm, free_port
+from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.tools import Helm, free_port
 
 from .conftest import (
     CHART,

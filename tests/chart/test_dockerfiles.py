@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from tests.support.tools import cache_dir, run_checked
+from slimspec_testbed.tools import cache_dir, run_checked
 
 from .conftest import REPO
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
-from tests.support.cluster import KubeCluster
-from tests.support.tools import run_checked
+from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.tools import run_checked
 
 from .conftest import CHART, REPO, prometheus_rule_groups, render
 

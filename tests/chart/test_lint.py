@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.support.tools import cache_dir, run_checked, venv_bin
+from slimspec_testbed.tools import cache_dir, run_checked, venv_bin
 
 from .conftest import REPO, VARIANTS, helm_template
 

@@ -34,9 +34,8 @@ import pytest
 import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.support.cluster import KubeCluster
-from tests.support.tools import free_port
+from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.tools import free_port
 
 from .conftest import REPO, contract_metrics, dashboard_exprs
 from .test_monitoring import METRIC, engine_histograms, metric_names

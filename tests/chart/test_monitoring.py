@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.support.tools import run_checked
+from slimspec_testbed.tools import run_checked
 
 from .conftest import (
     Rendered,

@@ -7,8 +7,7 @@ import subprocess
 import jsonschema
 import pytest
 import yaml
-
-from tests.support.tools import run_checked
+from slimspec_testbed.tools import run_checked
 
 from .conftest import (
     CHART,

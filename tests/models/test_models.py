@@ -15,8 +15,7 @@ from slimspec.models import (
     resolve_model_path,
     torch_dtype,
 )
-
-from tests.support.models import RealModelPair
+from slimspec_testbed.models import RealModelPair
 
 
 class FakeTok:

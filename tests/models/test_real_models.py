@@ -16,9 +16,8 @@ import pytest
 import torch
 from slimspec import fetch
 from slimspec.model_registry import QWEN_0_5B, QWEN_1_5B, SMOLLM2_135M
+from slimspec_testbed.models import RealModelPair
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-from tests.support.models import RealModelPair
 
 pytestmark = pytest.mark.slow
 

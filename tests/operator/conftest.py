@@ -4,7 +4,6 @@ operator itself running as a real subprocess (`python -m slimspec_operator`)."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import signal
 import subprocess
@@ -19,34 +18,17 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.resources import sample_service as sample  # noqa: F401 (tests import it here)
+from slimspec_testbed.tools import free_port
 
 from tests.support.chart_rbac import chart_operator_role_all_modes
-from tests.support.cluster import KubeCluster
-from tests.support.tools import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "slimspecservice.yaml"
 G, V, P = "slimspec.io", "v1alpha1", "slimspecservices"
 OPERATOR_NS = "slimspec-system"
 HASH = "slimspec.io/template-hash"
-
-
-def sample(name: str = "chat", version: str = "v1", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": f"{G}/{V}",
-        "kind": "SlimSpecService",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 2,
-            "model": {
-                "version": version,
-                "target": {"source": "pvc", "pvc": {"claimName": "models", "path": "t"}},
-                "draft": {"source": "pvc", "pvc": {"claimName": "models", "path": "d"}},
-            },
-        },
-    }
-    body["spec"].update(copy.deepcopy(spec))
-    return body
 
 
 @pytest.fixture(scope="session")

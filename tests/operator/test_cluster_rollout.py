@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-
-from tests.support.cluster import KubeCluster, PodDriver
+from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.pods import PodDriver
 
 from .conftest import HASH, Api, OperatorProcess, ServingMonitor, sample
 

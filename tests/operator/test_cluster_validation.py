@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.support.cluster import KubeCluster
+from slimspec_testbed.cluster import KubeCluster
 
 from .conftest import sample
 

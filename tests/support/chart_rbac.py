@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from tests.support.tools import run_checked, tool_path
+from slimspec_testbed.tools import run_checked, tool_path
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "slimspec"
 

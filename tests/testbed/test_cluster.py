@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from tests.support import cluster as cluster_mod
-from tests.support.cluster import KubeCluster, PodDriver
-from tests.support.tools import pinned_versions
+from slimspec_testbed import control_plane
+from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.pods import PodDriver
+from slimspec_testbed.tools import pinned_versions
 
 pytestmark = pytest.mark.cluster
 
@@ -73,11 +73,11 @@ def test_kubectl_uses_cluster_env(kube_cluster: KubeCluster, namespace: str) -> 
 def test_stale_workdirs_of_dead_runs_are_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = Path(tempfile.mkdtemp(prefix=cluster_mod.WORKDIR_PREFIX))
+    stale = Path(tempfile.mkdtemp(prefix=control_plane.WORKDIR_PREFIX))
     (stale / "owner.pid").write_text(str(dead.pid))
-    live = Path(tempfile.mkdtemp(prefix=cluster_mod.WORKDIR_PREFIX))
+    live = Path(tempfile.mkdtemp(prefix=control_plane.WORKDIR_PREFIX))
     (live / "owner.pid").write_text(str(os.getpid()))
-    cluster_mod._remove_stale_workdirs()
+    control_plane.remove_stale_workdirs()
     assert not stale.exists()
     assert live.exists()
     shutil.rmtree(live)

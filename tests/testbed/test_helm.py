@@ -8,9 +8,8 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from tests.support.cluster import KubeCluster
-from tests.support.tools import Helm
+from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.tools import Helm
 
 pytestmark = pytest.mark.cluster
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, start_http_server
-
-from tests.support.tools import PrometheusFactory, free_port, run_checked
+from slimspec_testbed.prometheus import PrometheusFactory
+from slimspec_testbed.tools import free_port, run_checked
 
 pytestmark = pytest.mark.prometheus
 

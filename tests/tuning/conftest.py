@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-from tests.support.tools import PrometheusFactory, PrometheusServer, free_port
+from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer, scrape_job
+from slimspec_testbed.tools import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "slimspecservice.yaml"
@@ -78,16 +78,6 @@ def load_exporter() -> Iterator[LoadExporter]:
     thread.join(5)
 
 
-def scrape_job(target: str, namespace: str, service: str) -> dict[str, Any]:
-    """The target labels a ServiceMonitor adds, which the default queries select on."""
-    return {
-        "job_name": "slimspec",
-        "static_configs": [
-            {"targets": [target], "labels": {"namespace": namespace, "service": service}}
-        ],
-    }
-
-
 def start_prometheus(
     factory: PrometheusFactory, target: str, namespace: str, service: str
 ) -> PrometheusServer:
@@ -113,13 +103,3 @@ def slimspec_crd(kube_cluster: Any) -> str:
     name = "slimspecservices.slimspec.io"
     kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
     return name
-
-
-def service_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
-    src = {"source": "huggingface", "huggingface": {"id": "HuggingFaceTB/SmolLM2-135M-Instruct"}}
-    return {
-        "apiVersion": "slimspec.io/v1alpha1",
-        "kind": "SlimSpecService",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"model": {"version": "v1", "target": src, "draft": src}, **spec},
-    }

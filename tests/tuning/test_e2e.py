@@ -20,14 +20,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-
-from tests.support.tools import PrometheusFactory, free_port
-
-from .conftest import scrape_job, service_manifest
-from .harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
+from slimspec_testbed.prometheus import PrometheusFactory, scrape_job
+from slimspec_testbed.resources import GROUP, PLURAL, VERSION, service_manifest
+from slimspec_testbed.tools import free_port
+from slimspec_testbed.tuning_scenario import (
     LoadGen,
     Recorder,
     engine_process,

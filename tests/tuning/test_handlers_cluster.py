@@ -26,8 +26,9 @@ from slimspec_operator.tuning_handlers import (
     tick,
 )
 from slimspec_operator.tuning_spec import DEFAULT_QUERIES, rate_window, render_query
+from slimspec_testbed.resources import service_manifest
 
-from .conftest import KEDA_CRD_FILE, LoadExporter, service_manifest, start_prometheus
+from .conftest import KEDA_CRD_FILE, LoadExporter, start_prometheus
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.asyncio]
 

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from slimspec_operator import prom
 from slimspec_operator.prom import PromClient, PromError
 from slimspec_operator.tuning_spec import DEFAULT_QUERIES, render_query
-
-from tests.support.tools import PrometheusFactory, PrometheusServer, free_port
+from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer
+from slimspec_testbed.tools import free_port
 
 pytestmark = pytest.mark.prometheus
 

@@ -16,13 +16,14 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 
-REPO = Path(__file__).resolve().parents[2]
+from slimspec_testbed.resources import GROUP, PLURAL, VERSION
+from slimspec_testbed.tools import REPO_ROOT
+
 PYTHON = str(Path(sys.executable))
-GROUP, VERSION, PLURAL = "slimspec.io", "v1alpha1", "slimspecservices"
 
 
 def http_get(url: str, timeout: float = 5) -> str:
@@ -54,7 +55,7 @@ class Process:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=REPO,
+                cwd=REPO_ROOT,
                 start_new_session=True,
             )
         return self
@@ -202,15 +203,16 @@ class Recorder:
 
     def body(self) -> dict[str, Any]:
         custom = client.CustomObjectsApi(self.api)
-        return custom.get_namespaced_custom_object(
+        body = custom.get_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, self.service
         )
+        return cast(dict[str, Any], body)
 
     def snapshot(self) -> Point:
         body = self.body()
         status = body.get("status") or {}
         comp = status.get("compression") or {}
-        cond = next(
+        cond: dict[str, Any] = next(
             (c for c in status.get("conditions") or [] if c["type"] == "MetricsAvailable"), {}
         )
         cm = client.CoreV1Api(self.api).read_namespaced_config_map(
@@ -225,7 +227,7 @@ class Recorder:
         return Point(
             t=round(time.monotonic() - self.t0, 2),
             status_ratio=comp.get("ratio"),
-            configmap_ratio=float(cm.data["compression_ratio"]),
+            configmap_ratio=float((cm.data or {})["compression_ratio"]),
             engine_ratio=engine,
             p99=self.prom_query(self.p99_query),
             request_rate=self.prom_query(self.rate_query),

@@ -1,4 +1,5 @@
-"""pytest fixtures: real models from the pinned PyPI GGUF chunks (slimspec.fetch).
+"""pytest fixtures: real models from the pinned PyPI GGUF chunks
+(:mod:`slimspec_testbed.models`).
 
 Session fixtures (mark the tests that use them `@pytest.mark.slow`):
 
@@ -22,27 +23,21 @@ $SLIMSPEC_CACHE/models (see slimspec.fetch).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
-from slimspec.fetch import fetch_model, fetch_pair
-from slimspec.model_registry import DEFAULT_PAIR, SMOLLM2_135M
-
-
-class RealModelPair(NamedTuple):
-    target: Path
-    draft: Path
+from slimspec_testbed import models
+from slimspec_testbed.models import RealModelPair
 
 
 @pytest.fixture(scope="session")
 def real_model_pair() -> RealModelPair:
-    target, draft = fetch_pair(DEFAULT_PAIR.name)
-    return RealModelPair(target, draft)
+    return models.real_model_pair()
 
 
 @pytest.fixture(scope="session")
 def small_real_model() -> Path:
-    return fetch_model(SMOLLM2_135M.name)
+    return models.small_real_model()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,59 @@
+"""Certificates and kubeconfigs of the test control plane (openssl, loopback names)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from slimspec_testbed.tools import run_checked
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    run_checked(["openssl", *args], cwd=cwd, timeout=60)
+
+
+def make_pki(pki: Path) -> None:
+    """CA, API serving cert (127.0.0.1/localhost) and service-account key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key", cwd=pki)
+    _openssl(
+        "req", "-x509", "-new", "-key", "ca.key", "-days", "30", "-subj",
+        "/CN=slimspec-testbed-ca", "-out", "ca.crt", cwd=pki,
+    )  # fmt: skip
+    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "server.key", cwd=pki)
+    _openssl(
+        "req", "-new", "-key", "server.key", "-subj", "/CN=kube-apiserver", "-out",
+        "server.csr", cwd=pki,
+    )  # fmt: skip
+    (pki / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "30", "-extfile", "server.ext", "-out", "server.crt",
+        cwd=pki,
+    )  # fmt: skip
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def write_kubeconfig(path: Path, server: str, ca_file: Path, token: str, user: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "slimspec",
+                "cluster": {"server": server, "certificate-authority": str(ca_file)},
+            }
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": "slimspec", "user": user}}],
+        "current-context": user,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
