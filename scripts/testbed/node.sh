@@ -61,7 +61,10 @@ ctr_() { # ctr_ DIR ARGS...: ctr against the run's containerd (in the namespace,
   fi
 }
 
-alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
+alive() { # a running process (a zombie, dead but not yet reaped, is not)
+  [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null &&
+    [[ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != Z ]]
+}
 
 holder_ready() { # unshare has made the new namespaces (and exec'd sleep)
   [[ "$(stat -Lc %i "/proc/$1/ns/net")" != "$(stat -Lc %i /proc/self/ns/net)" &&
@@ -216,6 +219,12 @@ make_cgroups() {
       cat "$h/cpuset.mems" >"$h$cgroup/cpuset.mems"
     fi
   done
+  # On a real node the pods' cgroup sits at the top with CPU shares for the node's
+  # capacity; under a default-weight child cgroup every pod together would weigh as
+  # much as one busy process of the host.
+  if [[ -e "/sys/fs/cgroup/cpu/$cgroup/cpu.shares" ]]; then
+    echo $(($(nproc) * 1024)) >"/sys/fs/cgroup/cpu/$cgroup/cpu.shares"
+  fi
 }
 
 start_daemon() { # start_daemon DIR NAME CMD...: in the namespace, detached, logged

@@ -10,7 +10,6 @@ cluster-facing helpers inside ``NodeCluster.entered()``.
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 import threading
@@ -24,8 +23,10 @@ from typing import Any
 import httpx
 import yaml
 from kubernetes import client
+
 from slimspec_testbed.cluster import KubeCluster
 from slimspec_testbed.images import ImageTags
+from slimspec_testbed.resources import GROUP, PLURAL, VERSION
 from slimspec_testbed.tools import REPO_ROOT, cache_dir
 
 EXAMPLES = REPO_ROOT / "examples"
@@ -36,7 +37,6 @@ RELEASE = "slimspec"
 MODELS_CLAIM = "slimspec-models"  # examples/models-pvc.yaml
 MODELS_PV = "slimspec-models-testbed"
 ENGINE_UID = 10001
-GROUP, VERSION, PLURAL = "slimspec.io", "v1alpha1", "slimspecservices"
 ENGINE_SELECTOR = "app.kubernetes.io/name=slimspec-engine"
 
 
@@ -111,37 +111,6 @@ def operator_values(images: ImageTags, tuning_tick_seconds: float = 1) -> dict[s
     }
 
 
-def service_from_example(
-    images: ImageTags,
-    model_path: str,
-    *,
-    name: str = "chat",
-    version: str = "v1",
-    replicas: int = 1,
-    example: str = "slimspecservice-minimal.yaml",
-) -> dict[str, Any]:
-    """An examples/ SlimSpecService on the small pair (the model drafting for itself),
-    with the built engine image and CPU-sized resources (no GPU on this node)."""
-    body = yaml.safe_load((EXAMPLES / example).read_text())
-    body["metadata"] = {"name": name, "namespace": SERVICE_NAMESPACE}
-    spec = body["spec"]
-    spec["replicas"] = replicas
-    spec["image"] = images.engine
-    spec["imagePullPolicy"] = "Never"
-    spec["model"]["version"] = version
-    for role in ("target", "draft"):
-        spec["model"][role]["pvc"]["path"] = model_path
-        spec["model"][role]["pvc"]["claimName"] = MODELS_CLAIM
-    spec["resources"] = {"gpu": 0, "memory": "2Gi", "cpu": "100m"}
-    return body
-
-
-def with_version(body: dict[str, Any], version: str) -> dict[str, Any]:
-    out = copy.deepcopy(body)
-    out["spec"]["model"]["version"] = version
-    return out
-
-
 def get_service(kube: KubeCluster, name: str) -> dict[str, Any]:
     with kube.api_client() as api:
         obj: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
@@ -170,9 +139,9 @@ def pod_ready(pod: Any) -> bool:
 def wait_pods_ready(
     kube: KubeCluster, namespace: str, selector: str, timeout: float, count: int = 1
 ) -> list[Any]:
-    def ready() -> list[Any] | None:
+    def ready() -> list[Any]:
         found = [p for p in pods(kube, namespace, selector) if pod_ready(p)]
-        return found if len(found) >= count else None
+        return found if len(found) >= count else []
 
     return kube.wait_for(ready, timeout, f"{count} ready pod(s) {selector} in {namespace}")
 
@@ -232,7 +201,7 @@ class LoadClients:
     base_url: str
     clients: int = 4
     max_length: int = 4
-    timeout_s: float = 60.0
+    timeout_s: float = 300.0  # the engine's own default request timeout
     prompt: str = "The capital of France is"
     results: list[Result] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -291,11 +260,14 @@ class LoadClients:
 def summary(results: list[Result]) -> dict[str, Any]:
     kinds = Counter(r.kind for r in results)
     failed = [r for r in results if not r.ok]
+    first: dict[str, str] = {}
+    for r in failed:
+        first.setdefault(r.kind, r.detail)
     return {
         "requests": len(results),
         "failed": len(failed),
         "by_kind": dict(kinds),
-        "first_failures": [f"{r.kind}: {r.detail}" for r in failed[:5]],
+        "first_failure_of_each_kind": first,
     }
 
 
