@@ -97,6 +97,7 @@ def rollout_run(
     results = load.snapshot()
     steady, during = latencies(load.between(steady_from, t0)), latencies(load.between(t0, t1))
     s = summary(results)
+    failed = [r for r in results if not r.ok]
     return {
         "version": version,
         "rollout_under_load_s": round(t1 - t0, 2),
@@ -105,6 +106,14 @@ def rollout_run(
         "requests_during_rollout": len(load.between(t0, t1)),
         "failed_requests": s["failed"],
         "failures_by_kind": {k: v for k, v in s["by_kind"].items() if k != "ok"},
+        # When failures happened, from the rollout's start (a client retries after
+        # 0.2 s on its own connection, so one stuck connection fails many times).
+        "failure_window_s": [
+            round(min(r.start for r in failed) - t0, 2),
+            round(max(r.end for r in failed) - t0, 2),
+        ]
+        if failed
+        else None,
         "first_failure_of_each_kind": s["first_failure_of_each_kind"],
         "latency_steady_p50_s": percentile(steady, 0.5),
         "latency_steady_p99_s": percentile(steady, 0.99),

@@ -1,17 +1,18 @@
 """Fixtures of the end-to-end suite: the real node, its images, the user's path.
 
-``node`` (session): a :class:`~slimspec_testbed.node.NodeCluster` — containerd,
-    kubelet, kube-proxy, CNI, and a control plane with scheduler and node lifecycle,
-    in the node's own network namespace (``slimspec_testbed.node``).
+``node`` (package: up while tests/e2e runs, torn down after it): a
+    :class:`~slimspec_testbed.node.NodeCluster` — containerd, kubelet, kube-proxy, CNI,
+    and a control plane with scheduler and node lifecycle, in the node's own network
+    namespace (``slimspec_testbed.node``).
 ``in_node`` (module): runs the module's tests in the node's network namespace, where
     pod and Service addresses and the API server are. Modules that talk to the cluster
     use it (``pytestmark = pytest.mark.usefixtures("in_node")``), and so do their
     module-scoped fixtures (pytest sets those up before function-scoped ones).
-``kube`` (session): ``node.cluster``, the admin handle.
-``models_pv`` (session): examples/namespace.yaml and the claim of
+``kube`` (package): ``node.cluster``, the admin handle.
+``models_pv`` (package): examples/namespace.yaml and the claim of
     examples/models-pvc.yaml, bound to a hostPath PersistentVolume holding the small
     real model (SmolLM2-135M) under ``models/<name>``; yields that path in the claim.
-``operator_release`` (session): ``helm install`` of charts/slimspec with the built
+``operator_release`` (package): ``helm install`` of charts/slimspec with the built
     operator image into ``slimspec-system``, operator pod Running and Ready.
 """
 
@@ -38,7 +39,7 @@ from slimspec_testbed.userpath import (
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node() -> Iterator[NodeCluster]:
     with running_node_cluster() as running:
         yield running
@@ -51,12 +52,12 @@ def in_node(node: NodeCluster) -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kube(node: NodeCluster) -> KubeCluster:
     return node.cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def models_pv(node: NodeCluster, small_real_model: Path) -> str:
     root = models_volume_dir(small_real_model)
     with node.entered():
@@ -73,13 +74,13 @@ def models_pv(node: NodeCluster, small_real_model: Path) -> str:
     return f"models/{small_real_model.name}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def helm_node(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
     home = tmp_path_factory.mktemp("helm")
     return Helm(path=tool_path("helm"), env=helm_env(node.cluster.env, home))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator_release(node: NodeCluster, helm_node: Helm) -> Iterator[str]:
     values = node.node_dir / "operator-values.yaml"
     values.write_text(yaml.safe_dump(operator_values(node.images)))

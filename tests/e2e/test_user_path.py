@@ -196,8 +196,16 @@ def rollout_under_load(
     steady = latencies(load.between(steady_from, t0))
     during = latencies(load.between(t0, t1))
     everything = load.snapshot()
+    failed = [r for r in everything if not r.ok]
     return {
         "clients": clients,
+        # From the version change; a client retries on its own connection after 0.2 s.
+        "failure_window_s": [
+            round(min(r.start for r in failed) - t0, 1),
+            round(max(r.end for r in failed) - t0, 1),
+        ]
+        if failed
+        else None,
         "rollout_s": round(t1 - t0, 1),
         "requests_total": len(everything),
         "requests_during_rollout": len(load.between(t0, t1)),

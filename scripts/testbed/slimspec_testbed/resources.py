@@ -70,6 +70,9 @@ def service_from_example(
         spec["model"][role]["pvc"]["path"] = model_path
         spec["model"][role]["pvc"]["claimName"] = claim
     spec["resources"] = {"gpu": 0, "memory": "2Gi", "cpu": "100m"}
+    # A shared 2-core machine can take minutes to start a pod: keep a slow start
+    # from being rolled back as a failed version.
+    spec["rollout"] = {"readyTimeoutSeconds": 1800}
     return body
 
 
