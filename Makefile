@@ -14,4 +14,4 @@ test-fast:
 	bash scripts/test.sh -m "not slow"
 
 lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+	bash scripts/lint.sh

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from slimspec.artifact import find_artifact, stdlib_py_files
+from slimspec import SpeculativeDecoder
 from slimspec.calibrate import main as calibrate_main
-from slimspec.cpu_pack import pack_target
-from slimspec.decoder import SpeculativeDecoder
-from slimspec.models import load_causal_lm, resolve_model_path
+from slimspec.cpu.target_packing import pack_target
+from slimspec.draft_head.artifact import find_artifact, stdlib_py_files
+from slimspec.weights.loading import load_causal_lm, resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -207,22 +207,30 @@ def profile_steps(dec: SpeculativeDecoder, ids: list[int], n: int) -> dict[str, 
 
         return run
 
-    orig_forward, orig_logits, orig_thead = dec._forward, dec.head.logits, dec._target_head
+    class TimedBase:
+        """A model's decoder stack whose calls in the step's phases are timed (prefill
+        keeps its own reference to the untimed module)."""
 
-    def forward(base: Any, kv: Any, *a: Any) -> Any:
-        if kv is not dec._kv_t and kv is not dec._kv_d:  # prefill builds its own caches
-            return orig_forward(base, kv, *a)
-        name = "target_body" if base is dec._target_base else "draft_body"
-        return timed(name, orig_forward)(base, kv, *a)
+        def __init__(self, name: str, base: Any) -> None:
+            self.name, self.base = name, base
 
-    dec._forward = forward  # type: ignore[method-assign]
-    dec.head.logits = timed("draft_head", orig_logits)  # type: ignore[method-assign]
-    dec._target_head = timed("target_head", orig_thead)
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(self.base, attr)
+
+        def __call__(self, *a: Any, **kw: Any) -> Any:
+            return timed(self.name, self.base)(*a, **kw)
+
+    drafter, verifier = dec._drafter, dec._verifier
+    orig = drafter.base, verifier.base, dec.head.logits, verifier.head
+    drafter.base = TimedBase("draft_body", drafter.base)
+    verifier.base = TimedBase("target_body", verifier.base)
+    dec.head.logits = timed("draft_head", orig[2])  # type: ignore[method-assign]
+    verifier.head = timed("target_head", orig[3])
     try:
         dec.stats = type(dec.stats)()
         dec.generate(ids, n, stop_token_ids=[])
     finally:
-        dec._forward, dec.head.logits, dec._target_head = orig_forward, orig_logits, orig_thead
+        drafter.base, verifier.base, dec.head.logits, verifier.head = orig
     s = dec.stats
     steps = max(1, s.batch_steps)
     body_t = acc.get("target_body", 0.0)

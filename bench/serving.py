@@ -221,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
 
-    from slimspec.batching import SchedulerConfig
     from slimspec.server.app import ServerConfig
     from slimspec.server.baseline import TargetOnlyEngine
     from slimspec.server.loading import default_loader, has_draft
+    from slimspec.server.scheduler import SchedulerConfig
     from slimspec.server.service import Limits, ModelRef
 
     loaded: dict[str, Any] = {}

@@ -20,7 +20,7 @@ step "bootstrap venv" bash "$REPO_ROOT/scripts/bootstrap.sh"
 pair="${SLIMSPEC_PAIR:-default}"
 echo "==> model pair '$pair' (fetch, verify, convert; cached in $SLIMSPEC_CACHE/models)"
 # stdout: target dir, then draft dir; progress and errors go to stderr.
-mapfile -t dirs < <("$VENV/bin/python" -m slimspec.fetch --pair "$pair")
+mapfile -t dirs < <("$VENV/bin/slimspec" fetch --pair "$pair")
 if [ "${#dirs[@]}" -ne 2 ]; then
   echo "error: fetching model pair '$pair' failed (see above)" >&2
   exit 1

@@ -12,11 +12,13 @@ step "images into the real node's containerd (by content tag)" \
   bash "$REPO_ROOT/scripts/testbed/node.sh" import
 step "linters (checkov, own pinned venv)" bash "$REPO_ROOT/scripts/install-linters.sh"
 step "real model pair (fetch, verify, convert)" \
-  "$VENV/bin/python" -m slimspec.fetch --pair default
+  "$VENV/bin/slimspec" fetch --pair default
 step "small real model (SmolLM2-135M, for server and tuning tests)" \
-  "$VENV/bin/python" -m slimspec.fetch --model smollm2-135m-instruct
+  "$VENV/bin/slimspec" fetch --model smollm2-135m-instruct
 cd "$REPO_ROOT"
 rc=0
+# Lint failures fail the run, but pytest still runs so one CI log shows both.
+step "static checks (ruff, ruff format, mypy)" bash "$REPO_ROOT/scripts/lint.sh" || rc=$?
 step "pytest" "$VENV/bin/python" -m pytest "$@" || rc=$?
 echo "total test command time: $((SECONDS - t_all))s"
 exit $rc

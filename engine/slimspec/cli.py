@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+from slimspec.weights.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "main", "serve"]
 
 
 def read_admin_token(env: Mapping[str, str]) -> str | None:
@@ -33,7 +34,7 @@ def env_setting(env: Mapping[str, str], var: str, key: str, default: Any) -> Any
     These variables come from the runtime ConfigMap in Kubernetes, where a bad value
     must not crash-loop the pod (the watcher ignores bad values the same way).
     """
-    from slimspec.runtime_config import validate_setting
+    from slimspec.server.runtime_config import validate_setting
 
     raw = env.get(var)
     if raw is None or not raw.strip():
@@ -75,10 +76,11 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--draft-quantization",
-        default=e("SLIMSPEC_DRAFT_QUANTIZATION", "none"),
-        help="draft weights: none | auto | int8 | int8-fused | int4-fused | bf16-fused (a "
-        "speed option, separate from compression_ratio; output stays exact; auto = "
-        "int4-fused on CPU for Llama/Qwen2 drafts, else none) (env SLIMSPEC_DRAFT_QUANTIZATION)",
+        default=e("SLIMSPEC_DRAFT_QUANTIZATION", "auto"),
+        help="draft weights: auto | none | int8 | int8-fused | int4-fused | bf16-fused (a "
+        "speed option, separate from compression_ratio; output stays exact; auto, the "
+        "default = int4-fused on CPU for bf16/fp16 Llama/Qwen2 drafts, else none) "
+        "(env SLIMSPEC_DRAFT_QUANTIZATION)",
     )
     p.add_argument("--host", default=e("HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(e("PORT", "8080")))
@@ -130,8 +132,8 @@ def _in_cluster_namespace() -> str | None:
 
 
 def draft_quantization(value: str) -> str | None:
-    """'none' (or empty) -> None; 'auto' or one of slimspec.draft_fast.QUANTIZATIONS."""
-    from slimspec.draft_fast import AUTO, QUANTIZATIONS
+    """'none' (or empty) -> None; 'auto' or one of slimspec.cpu.draft_quantization.QUANTIZATIONS."""
+    from slimspec.cpu.draft_quantization import AUTO, QUANTIZATIONS
 
     mode = value.strip().lower()
     if mode in ("", "none"):
@@ -154,10 +156,10 @@ def num_draft_tokens(value: int) -> int | None:
 
 
 def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> ServerConfig
-    from slimspec.batching import SchedulerConfig
-    from slimspec.postprocess import FilterRules, parse_blocked_words
-    from slimspec.runtime_config import RuntimeSettings, validate_setting
     from slimspec.server.app import ServerConfig
+    from slimspec.server.postprocess import FilterRules, parse_blocked_words
+    from slimspec.server.runtime_config import RuntimeSettings, validate_setting
+    from slimspec.server.scheduler import SchedulerConfig
     from slimspec.server.service import Limits, ModelRef
 
     settings = RuntimeSettings(
@@ -234,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return int(fetch.main(rest) or 0)
     if cmd == "calibrate":
-        from slimspec import calibrate  # type: ignore[attr-defined]
+        from slimspec import calibrate
 
         return int(calibrate.main(rest) or 0)
     print(f"unknown command {cmd!r}\n{usage}", file=sys.stderr)

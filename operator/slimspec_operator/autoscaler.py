@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from .contract import API_VERSION, KEDA_API_VERSION, KEDA_KIND, KIND
+from .manifests import common_labels, owner_reference
 from .tuner import Sample, clean
 
 SCALED_UP = "LoadAboveTarget"
@@ -134,35 +136,20 @@ def scaled_object(
     request_rate_query: str,
     settings: AutoscalerSettings,
     polling_interval: int = 30,
-    api_version: str = "slimspec.io/v1alpha1",
-    kind: str = "SlimSpecService",
 ) -> dict[str, Any]:
     """KEDA ScaledObject that scales the SlimSpecService through its scale subresource."""
     s = settings
     return {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
+        "apiVersion": KEDA_API_VERSION,
+        "kind": KEDA_KIND,
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/name": "slimspec-engine",
-                "app.kubernetes.io/instance": name,
-                "app.kubernetes.io/managed-by": "slimspec-operator",
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": api_version,
-                    "kind": kind,
-                    "name": name,
-                    "uid": owner_uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "labels": common_labels(name),
+            "ownerReferences": [owner_reference(name, owner_uid)],
         },
         "spec": {
-            "scaleTargetRef": {"apiVersion": api_version, "kind": kind, "name": name},
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": name},
             "pollingInterval": polling_interval,
             "minReplicaCount": s.min_replicas,
             "maxReplicaCount": s.max_replicas,

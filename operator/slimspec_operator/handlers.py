@@ -17,26 +17,18 @@ from typing import Any, cast
 
 import kopf
 
-from .kube import ApiError, Kube
-from .manifests import MANAGED_BY_LABEL, MANAGER
+from .contract import FINALIZER, GROUP, KIND, MANAGED_BY_LABEL, MANAGER, PLURAL, VERSION
+from .kube import ApiError, shared
 from .metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
 from .reconcile import reconcile
-from .spec import GROUP, KIND, PLURAL, VERSION, SlimSpecService, ratio_in_force
+from .spec import SlimSpecService, ratio_in_force
 
 RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
 CONFLICT_RETRIES = 3  # immediate re-reads when a status write loses a race
 
-_kube: Kube | None = None
 _written_ratio: dict[str, float] = {}  # uid -> ratio last written to the ConfigMap
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
-
-
-def kube() -> Kube:
-    global _kube
-    if _kube is None:
-        _kube = Kube()
-    return _kube
 
 
 def _lock(uid: str) -> threading.Lock:
@@ -69,25 +61,27 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
     with _lock(uid):
         t0 = time.monotonic()
         try:
+            kube = shared()
             for attempt in range(CONFLICT_RETRIES + 1):
                 # Re-read: the body a handler got may be older than the last status write.
-                fresh = kube().get(KIND, *_ns_name(body))
+                fresh = kube.get(KIND, *_ns_name(body))
                 if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                     _written_ratio.pop(uid, None)
                     return
                 try:
-                    reconcile(kube(), fresh, now(), _event_sink(fresh, logger))
-                    break
+                    reconcile(kube, fresh, now(), _event_sink(fresh, logger))
                 except ApiError as e:
                     # Someone wrote the object between our read and our status write
                     # (the tuner, a user): plan again from what is there now.
                     if e.status != 409 or attempt == CONFLICT_RETRIES:
                         raise
                     RECONCILE_TOTAL.labels("conflict").inc()
-            _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
-            RECONCILE_TOTAL.labels("ok").inc()
+                    continue
+                _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
+                RECONCILE_TOTAL.labels("ok").inc()
+                break
         except ApiError as e:
-            if e.status == 404 and kube().get(KIND, *_ns_name(body)) is None:
+            if e.status == 404 and shared().get(KIND, *_ns_name(body)) is None:
                 return  # deleted while we worked on it; the GC removes the rest
             RECONCILE_TOTAL.labels("error").inc()
             raise kopf.TemporaryError(f"API error {e}", delay=2) from e
@@ -107,7 +101,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     # Kopf timers (ours and the tuner's) need a finalizer so they stop before the
     # object goes; name it after us. Deleting while no operator runs waits for it.
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING  # only our own events at INFO
     settings.execution.max_workers = int(os.environ.get("SLIMSPEC_MAX_WORKERS", "8"))
     settings.watching.server_timeout = 300

@@ -1,8 +1,9 @@
-"""Thin Kubernetes I/O: server-side apply, get, list, delete on plain dicts.
+"""Thin Kubernetes I/O: the operator's one API client, on plain dicts.
 
 All decisions live in the pure modules; this file only talks to the API server.
-Writes use server-side apply with one field manager, so re-applying the same
-manifest is a no-op and fields other managers own (HPA, tuner) are left alone.
+Writes use server-side apply with the writer's field manager (the reconciler's
+by default, the tuner's for its own fields), so re-applying the same manifest is
+a no-op and fields other managers own (HPA, the other writer) are left alone.
 """
 
 from __future__ import annotations
@@ -15,11 +16,23 @@ from typing import Any
 from kubernetes import client, config
 
 from .conditions import parse_time
-from .manifests import HASH_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, VERSION_LABEL
+from .contract import (
+    API_VERSION,
+    HASH_LABEL,
+    INSTANCE_LABEL,
+    KEDA_API_VERSION,
+    KEDA_KIND,
+    KEDA_PLURAL,
+    KIND,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    OPERATOR_FIELD_MANAGER,
+    PLURAL,
+    VERSION_LABEL,
+)
 from .rollout import ObservedDeployment
-from .spec import GROUP, PLURAL, VERSION
 
-FIELD_MANAGER = "slimspec-operator"
+FIELD_MANAGER = OPERATOR_FIELD_MANAGER
 
 # kind -> (API prefix, plural); everything the operator writes is namespaced.
 _PATHS: dict[str, tuple[str, str]] = {
@@ -30,7 +43,9 @@ _PATHS: dict[str, tuple[str, str]] = {
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
-    "SlimSpecService": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+    "Event": ("/api/v1", "events"),
+    KIND: (f"/apis/{API_VERSION}", PLURAL),
+    KEDA_KIND: (f"/apis/{KEDA_API_VERSION}", KEDA_PLURAL),
 }
 
 
@@ -68,6 +83,7 @@ class Kube:
     def __init__(self, api: client.ApiClient | None = None, timeout: float = 30) -> None:
         self.api = api or load_config()
         self.timeout = timeout
+        self._served: set[str] = set()  # group/version/plural found by discovery
 
     def request(
         self,
@@ -95,17 +111,32 @@ class Kube:
 
     # ------------------------------------------------------------ generic verbs
 
-    def apply(self, manifest: Mapping[str, Any], subresource: str | None = None) -> dict[str, Any]:
+    def apply(
+        self,
+        manifest: Mapping[str, Any],
+        subresource: str | None = None,
+        *,
+        manager: str = FIELD_MANAGER,
+    ) -> dict[str, Any]:
+        """Server-side apply. A `metadata.resourceVersion` in the manifest makes it
+        conditional: 409 when the object changed since that version was read."""
         meta = manifest["metadata"]
         path = _path(manifest["kind"], meta["namespace"], meta["name"], subresource)
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        query = [("fieldManager", manager), ("force", "true")]
         return self.request("PATCH", path, dict(manifest), query, "application/apply-patch+yaml")
 
     def merge_patch(
-        self, kind: str, namespace: str, name: str, patch: Any, subresource: str | None = None
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: Any,
+        subresource: str | None = None,
+        *,
+        manager: str = FIELD_MANAGER,
     ) -> dict[str, Any]:
         path = _path(kind, namespace, name, subresource)
-        query = [("fieldManager", FIELD_MANAGER)]
+        query = [("fieldManager", manager)]
         return self.request("PATCH", path, patch, query, "application/merge-patch+json")
 
     def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -140,6 +171,23 @@ class Kube:
             if e.status == 404:
                 return False
             raise
+
+    def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the API server serves `plural` in `api_version` (discovery: needs no
+        read rights on CRDs). Remembered once True; asked again while False."""
+        key = f"{api_version}/{plural}"
+        if key in self._served:
+            return True
+        try:
+            found = self.request("GET", f"/apis/{api_version}")
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        if any(r.get("name") == plural for r in found.get("resources") or []):
+            self._served.add(key)
+            return True
+        return False
 
     # ------------------------------------------------------------ domain reads
 
@@ -176,3 +224,14 @@ def service_hash(service: Mapping[str, Any] | None) -> str | None:
     if not service:
         return None
     return ((service.get("spec") or {}).get("selector") or {}).get(HASH_LABEL)
+
+
+_shared: Kube | None = None
+
+
+def shared() -> Kube:
+    """The process's one client (reconciler and tuner): credentials are loaded once."""
+    global _shared
+    if _shared is None:
+        _shared = Kube()
+    return _shared

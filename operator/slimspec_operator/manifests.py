@@ -11,23 +11,32 @@ import hashlib
 import json
 from typing import Any
 
-from .spec import API_VERSION, KIND, ModelSource, SlimSpecService, ratio_in_force
+from .contract import (
+    API_VERSION,
+    ENGINE_NAME,
+    FALLBACK_KEY,
+    HASH_LABEL,
+    INSTANCE_LABEL,
+    KIND,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    NAME_LABEL,
+    RATIO_KEY,
+    THRESHOLD_KEY,
+    VERSION_LABEL,
+    configmap_name,
+    format_ratio,
+)
+from .model_volumes import model_volumes
+from .spec import SlimSpecService, ratio_in_force
 
 Manifest = dict[str, Any]
 
 ENGINE_PORT = 8080
 ENGINE_UID = 10001
-NAME_LABEL = "app.kubernetes.io/name"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-VERSION_LABEL = "slimspec.io/model-version"
-HASH_LABEL = "slimspec.io/template-hash"
-ENGINE_NAME = "slimspec-engine"
-MANAGER = "slimspec-operator"
 
 ADMIN_TOKEN_DIR = "/var/run/slimspec/admin"
 CACHE_DIR = "/var/cache/slimspec"
-MODELS_DIR = "/models"
 TERMINATION_GRACE_SECONDS = 60
 PRESTOP_SLEEP_SECONDS = 5
 
@@ -55,10 +64,6 @@ def service_name(name: str) -> str:
     return name
 
 
-def configmap_name(name: str) -> str:
-    return f"{name}-runtime"
-
-
 def engine_account_name(name: str) -> str:
     return f"{name}-engine"
 
@@ -80,12 +85,13 @@ def selector_string(name: str) -> str:
     return f"{NAME_LABEL}={ENGINE_NAME},{INSTANCE_LABEL}={name}"
 
 
-def owner_reference(svc: SlimSpecService) -> dict[str, Any]:
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    """Controller reference: the garbage collector deletes the object with its resource."""
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "name": svc.name,
-        "uid": svc.metadata.uid,
+        "name": name,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
@@ -96,82 +102,11 @@ def _meta(svc: SlimSpecService, name: str, labels: dict[str, str] | None = None)
         "name": name,
         "namespace": svc.namespace,
         "labels": {**common_labels(svc.name), **(labels or {})},
-        "ownerReferences": [owner_reference(svc)],
+        "ownerReferences": [owner_reference(svc.name, svc.metadata.uid)],
     }
 
 
 # ---------------------------------------------------------------- pod template
-
-
-def _model_mounts(
-    svc: SlimSpecService,
-) -> tuple[dict[str, str], list[Manifest], list[Manifest], list[Manifest]]:
-    """(paths by role, volumes, mounts, init containers) for the target and draft models."""
-    paths: dict[str, str] = {}
-    volumes: list[Manifest] = []
-    mounts: list[Manifest] = []
-    inits: list[Manifest] = []
-    claims: dict[str, str] = {}  # claim name -> volume name; one volume per claim
-    needs_cache = False
-    roles: list[tuple[str, ModelSource]] = [
-        ("target", svc.spec.model.target),
-        ("draft", svc.spec.model.draft),
-    ]
-    for role, src in roles:
-        if src.source == "pvc" and src.pvc is not None:
-            vol = claims.get(src.pvc.claim_name)
-            if vol is None:
-                vol = f"model-pvc-{len(claims)}"
-                claims[src.pvc.claim_name] = vol
-                volumes.append(
-                    {
-                        "name": vol,
-                        "persistentVolumeClaim": {
-                            "claimName": src.pvc.claim_name,
-                            "readOnly": src.pvc.read_only,
-                        },
-                    }
-                )
-                mounts.append(
-                    {
-                        "name": vol,
-                        "mountPath": f"{MODELS_DIR}/{vol}",
-                        "readOnly": src.pvc.read_only,
-                    }
-                )
-            sub = src.pvc.path.strip("/")
-            paths[role] = f"{MODELS_DIR}/{vol}" + (f"/{sub}" if sub else "")
-        elif src.source == "huggingface" and src.huggingface is not None:
-            needs_cache = True
-            out = f"{MODELS_DIR}/cache/{role}"
-            paths[role] = out
-            inits.append(
-                {
-                    "name": f"fetch-{role}",
-                    "image": svc.spec.image,
-                    "imagePullPolicy": svc.spec.image_pull_policy,
-                    "command": ["slimspec", "fetch"],
-                    "args": [
-                        "--hf",
-                        src.huggingface.id,
-                        "--revision",
-                        src.huggingface.revision,
-                        "--out",
-                        out,
-                    ],
-                    "env": [{"name": "HF_HOME", "value": f"{MODELS_DIR}/cache/.hf"}],
-                    "volumeMounts": [
-                        {"name": "model-cache", "mountPath": f"{MODELS_DIR}/cache"},
-                        {"name": "tmp", "mountPath": "/tmp"},
-                    ],
-                    "securityContext": _container_security(),
-                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-                }
-            )
-    if needs_cache:
-        volumes.append({"name": "model-cache", "emptyDir": {}})
-        mounts.append({"name": "model-cache", "mountPath": f"{MODELS_DIR}/cache"})
-    return paths, volumes, mounts, inits
 
 
 def _container_security() -> Manifest:
@@ -204,15 +139,16 @@ def pod_template(svc: SlimSpecService) -> Manifest:
     """The engine pod template without the hash label (the hash is computed over this)."""
     spec = svc.spec
     cm = configmap_name(svc.name)
-    paths, model_volumes, model_mounts, inits = _model_mounts(svc)
+    models = model_volumes(svc)
+    paths = models.paths
     env: list[Manifest] = [
         {"name": "PORT", "value": str(ENGINE_PORT)},
         {"name": "MODEL_PATH", "value": paths["target"]},
         {"name": "DRAFT_MODEL_PATH", "value": paths["draft"]},
         {"name": "MODEL_VERSION", "value": spec.model.version},
-        _cm_env("COMPRESSION_RATIO", "compression_ratio", cm),
-        _cm_env("QUALITY_THRESHOLD", "quality_threshold", cm),
-        _cm_env("FALLBACK_STRATEGY", "fallback_strategy", cm),
+        _cm_env("COMPRESSION_RATIO", RATIO_KEY, cm),
+        _cm_env("QUALITY_THRESHOLD", THRESHOLD_KEY, cm),
+        _cm_env("FALLBACK_STRATEGY", FALLBACK_KEY, cm),
         {"name": "SLIMSPEC_DEVICE", "value": "cuda" if spec.resources.gpu > 0 else "cpu"},
         {"name": "SLIMSPEC_MAX_BATCH_SIZE", "value": str(spec.batching.max_batch_size)},
         {"name": "SLIMSPEC_ADMIN_TOKEN_FILE", "value": f"{ADMIN_TOKEN_DIR}/token"},
@@ -260,7 +196,7 @@ def pod_template(svc: SlimSpecService) -> Manifest:
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "cache", "mountPath": CACHE_DIR},
             {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
-            *model_mounts,
+            *models.mounts,
         ],
     }
     pod_spec: Manifest = {
@@ -281,11 +217,12 @@ def pod_template(svc: SlimSpecService) -> Manifest:
                 "name": "admin-token",
                 "secret": {"secretName": admin_secret_name(svc.name), "defaultMode": 0o440},
             },
-            *model_volumes,
+            *models.volumes,
         ],
     }
-    if inits:
-        pod_spec["initContainers"] = inits
+    if models.init_containers:
+        security = {"securityContext": _container_security()}
+        pod_spec["initContainers"] = [c | security for c in models.init_containers]
     return {
         "metadata": {
             "labels": {**common_labels(svc.name), VERSION_LABEL: spec.model.version},
@@ -373,16 +310,11 @@ def runtime_configmap(svc: SlimSpecService) -> Manifest:
         "kind": "ConfigMap",
         "metadata": _meta(svc, configmap_name(svc.name)),
         "data": {
-            "compression_ratio": format_ratio(ratio_in_force(svc)),
-            "quality_threshold": format_ratio(qc.threshold),
-            "fallback_strategy": qc.fallback_strategy,
+            RATIO_KEY: format_ratio(ratio_in_force(svc)),
+            THRESHOLD_KEY: format_ratio(qc.threshold),
+            FALLBACK_KEY: qc.fallback_strategy,
         },
     }
-
-
-def format_ratio(value: float) -> str:
-    """Shortest decimal text for a ratio ("0.3", not "0.30000000000000004")."""
-    return repr(round(float(value), 6))
 
 
 def admin_secret(svc: SlimSpecService, token: str) -> Manifest:

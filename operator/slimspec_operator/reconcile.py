@@ -13,6 +13,7 @@ from typing import Any
 
 from . import manifests as m
 from .conditions import format_time
+from .contract import API_VERSION, KIND
 from .kube import Kube, observe_deployment, service_hash
 from .metrics import ACTIONS_TOTAL, ROLLOUT_IN_PROGRESS, ROLLOUTS_TOTAL
 from .rollout import (
@@ -25,7 +26,7 @@ from .rollout import (
     SwitchService,
     plan_rollout,
 )
-from .spec import API_VERSION, KIND, SlimSpecService, ratio_in_force
+from .spec import SlimSpecService, ratio_in_force
 from .status import build_status, compression_patch
 
 EventSink = Callable[[str, str, str], None]  # (type, reason, message)

@@ -1,40 +1,53 @@
 """Typed, defaulted view of a SlimSpecService resource (pure).
 
-The CRD schema is what rejects bad specs at the API server; these models only
-give the code typed access with the same defaults, so a resource that came
-through the API server always parses.
+One pydantic model per block of the CRD (crds/slimspecservice.yaml), with the
+CRD's defaults, bounds and rules: the CRD is the contract and rejects bad specs at
+the API server, so a resource that came through it always parses, and
+tests/operator/test_crd.py checks that the two agree field by field.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
-GROUP = "slimspec.io"
-VERSION = "v1alpha1"
-KIND = "SlimSpecService"
-PLURAL = "slimspecservices"
-API_VERSION = f"{GROUP}/{VERSION}"
+from .contract import DEFAULT_QUALITY_THRESHOLD, MAX_RATIO, FallbackStrategy
+from .queries import DEFAULT_QUERIES
 
 DEFAULT_IMAGE = "ghcr.io/slimspec/engine:0.1.0"
 
+Ratio = Annotated[float, Field(ge=0.0, le=MAX_RATIO)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
 
 class _Model(BaseModel):
+    # Accept camelCase (the resource) and snake_case (Python callers); ignore
+    # fields this view does not model (Kopf's annotations, future fields).
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
 class PvcSource(_Model):
-    claim_name: str
-    path: str = ""
+    claim_name: str = Field(min_length=1, max_length=253)
+    path: str = Field("", max_length=1024)
     read_only: bool = True
+
+    @model_validator(mode="after")
+    def _inside_volume(self) -> PvcSource:
+        if ".." in self.path:
+            raise ValueError("path must not contain '..'")
+        return self
 
 
 class HuggingFaceSource(_Model):
-    id: str
-    revision: str = "main"
+    id: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$",
+    )
+    revision: Text = "main"
 
 
 class ModelSource(_Model):
@@ -42,80 +55,149 @@ class ModelSource(_Model):
     pvc: PvcSource | None = None
     huggingface: HuggingFaceSource | None = None
 
+    @model_validator(mode="after")
+    def _has_its_block(self) -> ModelSource:
+        if getattr(self, self.source) is None:
+            raise ValueError(f"source: {self.source} needs the {self.source} field")
+        return self
+
 
 class ModelSpec(_Model):
-    version: str
+    version: str = Field(
+        min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+    )
     target: ModelSource
     draft: ModelSource
 
 
 class CompressionSpec(_Model):
-    ratio: float = 0.3
-    min_ratio: float = 0.1
-    max_ratio: float = 0.5
+    ratio: Ratio = 0.3
+    min_ratio: Ratio = 0.1
+    max_ratio: Ratio = 0.5
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CompressionSpec:
+        if not self.min_ratio <= self.ratio <= self.max_ratio:
+            raise ValueError(
+                "compression must satisfy minRatio <= ratio <= maxRatio "
+                f"({self.min_ratio} <= {self.ratio} <= {self.max_ratio})"
+            )
+        return self
 
 
 class QualityControlSpec(_Model):
-    threshold: float = 0.95
-    fallback_strategy: Literal["auto", "none"] = "auto"
+    threshold: float = Field(DEFAULT_QUALITY_THRESHOLD, ge=0.0, le=1.0)
+    fallback_strategy: FallbackStrategy = "auto"
 
 
 class BatchingSpec(_Model):
-    max_batch_size: int = 8
-    max_wait_ms: int = 5
-    max_queue: int = 64
+    max_batch_size: int = Field(8, ge=1, le=256)
+    max_wait_ms: int = Field(5, ge=0, le=10000)
+    max_queue: int = Field(64, ge=1, le=100000)
 
 
 class ResourcesSpec(_Model):
-    gpu: int = 1
+    gpu: int = Field(1, ge=0, le=16)
     memory: str | int = "16Gi"  # Kubernetes quantities; the CRD allows int-or-string
     cpu: str | int = "2"
 
 
 class ServiceSpec(_Model):
-    port: int = 8080
+    port: int = Field(8080, ge=1, le=65535)
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
 
 
 class RolloutSpec(_Model):
-    ready_timeout_seconds: int = 600
+    ready_timeout_seconds: int = Field(600, ge=1, le=86400)
 
 
 class PrometheusSpec(_Model):
-    url: str = "http://prometheus.monitoring:9090"
-    timeout_seconds: float = 5
+    url: str = Field("http://prometheus.monitoring:9090", pattern=r"^https?://")
+    timeout_seconds: float = Field(5.0, gt=0.0, le=60.0)
+
+
+class QueriesSpec(_Model):
+    """PromQL templates; unset = built-in (queries.DEFAULT_QUERIES)."""
+
+    p99_latency: str = DEFAULT_QUERIES["p99Latency"]
+    request_rate: str = DEFAULT_QUERIES["requestRate"]
+    mean_accepted_length: str = DEFAULT_QUERIES["meanAcceptedLength"]
+    fallback_rate: str = DEFAULT_QUERIES["fallbackRate"]
+    kept_acceptance: str = DEFAULT_QUERIES["keptAcceptance"]
+    queue_depth: str = DEFAULT_QUERIES["queueDepth"]
+
+
+class TuningSpec(_Model):
+    enabled: bool = False
+    interval_seconds: int = Field(60, ge=1, le=3600)
+    latency_target_seconds: float = Field(0.4, gt=0.0)
+    # Fraction of the target: lower the ratio only when p99 < target * (1 - deadBand).
+    dead_band: float = Field(0.1, ge=0.0, le=1.0)
+    cooldown_seconds: int = Field(120, ge=0, le=86400)
+    max_step: float = Field(0.05, gt=0.0, le=MAX_RATIO)
+    min_request_rate: float = Field(0.1, ge=0.0)
+    queries: QueriesSpec = Field(default_factory=QueriesSpec)
 
 
 class AutoscalingSpec(_Model):
     enabled: bool = False
     mode: Literal["operator", "keda"] = "operator"
-    min_replicas: int = 1
-    max_replicas: int = 4
-    target_requests_per_replica: float = 2.0
-    target_queue_depth: float | None = None
-    stabilization_window_seconds: int = 300
+    min_replicas: int = Field(1, ge=0, le=1000)
+    max_replicas: int = Field(4, ge=1, le=1000)
+    target_requests_per_replica: float = Field(2.0, gt=0.0)
+    target_queue_depth: float | None = Field(None, gt=0.0)
+    stabilization_window_seconds: int = Field(300, ge=0, le=3600)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                "autoscaling must satisfy minReplicas <= maxReplicas "
+                f"({self.min_replicas} > {self.max_replicas})"
+            )
+        return self
 
 
-class TuningSpec(_Model):
-    # Read by the tuner; kept loose here so the tuner can own its details.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
-    enabled: bool = False
+class TuningView(_Model):
+    """The blocks of `spec` the tuner and the autoscaler read.
 
+    The tuner parses only these, so a spec it does not otherwise understand
+    still gets a well-defined tuning controller.
+    """
 
-class SlimSpecServiceSpec(_Model):
-    replicas: int = 1
-    image: str = DEFAULT_IMAGE
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    model: ModelSpec
+    replicas: int = Field(1, ge=0, le=1000)
     compression: CompressionSpec = Field(default_factory=CompressionSpec)
     quality_control: QualityControlSpec = Field(default_factory=QualityControlSpec)
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
+    tuning: TuningSpec = Field(default_factory=TuningSpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any] | None) -> TuningView:
+        """Parse a resource's `spec` (None/null blocks count as absent)."""
+        clean = {k: v for k, v in (spec or {}).items() if v is not None}
+        return cls.model_validate(clean)
+
+    @property
+    def scaling(self) -> bool:
+        """The operator's own autoscaler sets the replicas (not KEDA)."""
+        return self.autoscaling.enabled and self.autoscaling.mode == "operator"
+
+    @property
+    def keda(self) -> bool:
+        return self.autoscaling.enabled and self.autoscaling.mode == "keda"
+
+
+class SlimSpecServiceSpec(TuningView):
+    """The whole spec: the tuning blocks plus the model and the engine pods."""
+
+    image: str = Field(DEFAULT_IMAGE, min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    model: ModelSpec
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
-    tuning: TuningSpec = Field(default_factory=TuningSpec)
-    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
 
 
 class Meta(_Model):

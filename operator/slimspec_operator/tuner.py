@@ -4,8 +4,8 @@
 most recent metric samples and the record of past ratio changes and returns the
 ratio to use next and why. No I/O, no clock: the caller passes `now`.
 
-Direction (DESIGN §3, seed §9.2): a larger ratio makes drafting cheaper (lower
-latency) but may cost acceptance; a smaller one is the safe side.
+Direction: a larger ratio makes drafting cheaper (lower latency) but may cost
+acceptance; a smaller one is the safe side, so it may move faster.
 
 - p99 above target           -> raise by `max_step` (slow, aggressive side),
   only when the kept acceptance is known and at least the quality threshold.
@@ -22,6 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
+from .contract import DEFAULT_QUALITY_THRESHOLD
 
 # Reasons (CamelCase, used in status, Events and the MetricsAvailable condition).
 RAISED = "LatencyAboveTarget"
@@ -45,11 +47,6 @@ def clean(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return value
-
-
-def format_ratio(ratio: float) -> str:
-    """The ConfigMap's string form; the reconciler should write the same."""
-    return f"{round(ratio, 4):g}"
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,7 @@ class TunerSettings:
     min_ratio: float = 0.1
     max_ratio: float = 0.5
     min_request_rate: float = 0.1
-    quality_threshold: float = 0.95
+    quality_threshold: float = DEFAULT_QUALITY_THRESHOLD
     # Lowering is the safe side, so it may move faster than raising.
     down_step_factor: float = 2.0
     # Consecutive samples that must agree before a latency-driven move.

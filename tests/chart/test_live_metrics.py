@@ -306,7 +306,7 @@ def test_example_scrape_config_dashboard_and_tuner_queries_on_real_prometheus(
         assert all(results[title]), f"no data for panel {title!r}"
 
     # The operator's tuner finds the engine with its default queries.
-    from slimspec_operator.tuning_spec import DEFAULT_QUERIES, render_query
+    from slimspec_operator.queries import DEFAULT_QUERIES, render_query
 
     for key in ("p99Latency", "requestRate", "meanAcceptedLength", "fallbackRate"):
         q = render_query(DEFAULT_QUERIES[key], namespace, "chat", "15s")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from slimspec.adaptive import RelativeCosts, VerifyCost, choose_k, relative_costs
+from slimspec.decoding.adaptive import RelativeCosts, VerifyCost, choose_k, relative_costs
 
 
 def test_verify_line_through_the_observed_token_counts():

@@ -1,4 +1,4 @@
-"""Prepacked oneDNN linears for a bf16 target on CPU (cpu_pack.py).
+"""Prepacked oneDNN linears for a bf16 target on CPU (target_packing.py).
 
 Packing changes how fast the target verifies k+1 tokens, never what it computes
 beyond bf16 rounding: a packed linear equals F.linear within bf16 tolerance, the
@@ -13,7 +13,8 @@ import copy
 
 import pytest
 import torch
-from slimspec import SpeculativeDecoder, cpu_pack
+from slimspec import SpeculativeDecoder
+from slimspec.cpu import target_packing
 from torch import nn
 
 from tests.engine.helpers import (
@@ -24,7 +25,8 @@ from tests.engine.helpers import (
 from tests.support.tiny_models import TINY_VOCAB, noisy_copy, tiny_model
 
 pytestmark = pytest.mark.skipif(
-    not cpu_pack.packing_available(torch.bfloat16), reason="torch build lacks oneDNN bf16 linear"
+    not target_packing.packing_available(torch.bfloat16),
+    reason="torch build lacks oneDNN bf16 linear",
 )
 
 
@@ -35,7 +37,7 @@ def test_packed_linear_matches_linear(bias, shape):
     lin = nn.Linear(64, 48, bias=bias).to(torch.bfloat16)
     x = torch.randn(*shape, dtype=torch.bfloat16)
     want = lin(x)
-    got = cpu_pack.PackedLinear(lin)(x)
+    got = target_packing.PackedLinear(lin)(x)
     assert got.shape == want.shape
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=2e-2)
 
@@ -44,10 +46,10 @@ def test_pack_target_replaces_linears_and_frees_untied_weights():
     model = tiny_model("llama", seed=3).to(torch.bfloat16)
     plain = copy.deepcopy(model)
     n_linear = sum(type(m) is nn.Linear for m in model.modules())
-    assert cpu_pack.pack_target(model) == n_linear
+    assert target_packing.pack_target(model) == n_linear
     assert not any(type(m) is nn.Linear for m in model.modules())
     head = model.get_output_embeddings()
-    assert isinstance(head, cpu_pack.PackedLinear)
+    assert isinstance(head, target_packing.PackedLinear)
     # untied head: the plain copy is gone, its shape still readable
     assert head.weight.shape == plain.get_output_embeddings().weight.shape
     assert head.weight.untyped_storage().nbytes() <= 2
@@ -62,7 +64,7 @@ def test_tied_head_keeps_the_shared_embedding():
     model = tiny_model("llama", seed=4).to(torch.bfloat16)
     model.lm_head.weight = model.model.embed_tokens.weight  # tie
     before = model.model.embed_tokens.weight.clone()
-    cpu_pack.pack_target(model)
+    target_packing.pack_target(model)
     assert torch.equal(model.get_input_embeddings().weight, before)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
@@ -76,7 +78,7 @@ def test_decoder_packs_bf16_cpu_targets_only(monkeypatch):
     t16 = tiny_model("llama", seed=5).to(torch.bfloat16)
     dec = SpeculativeDecoder.from_models(t16, noisy_copy(t16), compression_ratio=0.0)
     assert dec.target_packed is True
-    assert isinstance(dec.target.get_output_embeddings(), cpu_pack.PackedLinear)
+    assert isinstance(dec.target.get_output_embeddings(), target_packing.PackedLinear)
     monkeypatch.setenv("SLIMSPEC_PACK_TARGET", "0")
     t16b = tiny_model("llama", seed=5).to(torch.bfloat16)
     assert SpeculativeDecoder.from_models(t16b, noisy_copy(t16b)).target_packed is False

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 from slimspec import SpeculativeDecoder
-from slimspec.types import GenerationRequest, SamplingParams
+from slimspec.decoding.types import GenerationRequest, SamplingParams
 
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB, tiny_pair
@@ -116,15 +116,16 @@ def test_kv_rollback_keeps_exactly_the_sequence(tiny_weak_pair):
     rejected_any = False
     while dec.has_work():
         dec.step()
-        if dec._rows:
-            valid_t = dec._kv_t.valid.sum(dim=1).tolist()
-            valid_d = dec._kv_d.valid.sum(dim=1).tolist()
-            for row, vt, vd in zip(dec._rows, valid_t, valid_d, strict=True):
+        batch = dec._batch
+        if batch.rows:
+            valid_t = batch.target_kv.valid.sum(dim=1).tolist()
+            valid_d = batch.draft_kv.valid.sum(dim=1).tolist()
+            for row, vt, vd in zip(batch.rows, valid_t, valid_d, strict=True):
                 assert vt == len(row.seq) - 1
                 assert vd == row.draft_seen
-            rejected_any |= bool((~dec._kv_t.valid).any())
+            rejected_any |= bool((~batch.target_kv.valid).any())
     assert rejected_any
-    assert dec._kv_t.batch_size == 0
+    assert dec._batch.target_kv.batch_size == 0
 
 
 def test_ratio_switch_mid_generation_and_from_another_thread(tiny_llama_pair):
@@ -159,7 +160,7 @@ def test_compaction_keeps_outputs(tiny_weak_pair):
 
 
 def test_choose_k_pure():
-    from slimspec.adaptive import choose_k, expected_tokens
+    from slimspec.decoding.adaptive import choose_k, expected_tokens
 
     assert expected_tokens(0.5, 1) == 1.5
     assert choose_k(0.95, 0.1, 1, 8) >= 5  # cheap draft, high acceptance: draft far
@@ -169,7 +170,7 @@ def test_choose_k_pure():
 
 
 def test_draft_cost_sample_leaves_out_the_catch_up_forward():
-    from slimspec.adaptive import draft_forward_seconds
+    from slimspec.decoding.adaptive import draft_forward_seconds
 
     assert draft_forward_seconds(0.3, 3, None) == pytest.approx(0.1)
     # 3 forwards in 0.5 s, the first fed a backlog and took 0.3 s: one more token = 0.1 s
@@ -181,7 +182,7 @@ def test_draft_cost_sample_leaves_out_the_catch_up_forward():
 def test_adaptive_skip_greedy_is_exact_and_sampling_always_drafts(tiny_weak_pair):
     target, draft = tiny_weak_pair
     dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.0)
-    dec._cost_ratio = 0.9  # a draft nearly as slow as the target: skipping should win
+    dec._cost.draft_ratio = 0.9  # a draft nearly as slow as the target: skipping should win
     ps = prompts(2, TINY_VOCAB, seed=21)
     results = dec.generate_batch([_req(i, p, 40) for i, p in enumerate(ps)])
     for p, res in zip(ps, results, strict=True):

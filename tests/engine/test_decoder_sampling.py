@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec import sampling as S
-from slimspec.types import GenerationRequest, SamplingParams
+from slimspec.decoding import sampling as S
+from slimspec.decoding.types import GenerationRequest, SamplingParams
 
 from tests.engine.test_sampling import _wrong_rule
 from tests.support.tiny_models import tiny_model

@@ -1,5 +1,5 @@
 """draft_quantization="int8-fused" / "int4-fused": a hand-written low-bit draft forward
-(draft_int8.py).
+(fused_draft.py).
 
 It changes draft speed and acceptance, never the output: greedy output must equal
 the target's own greedy decoding (fp32 targets), single and batched, on tiny
@@ -12,17 +12,18 @@ import copy
 
 import pytest
 import torch
-from slimspec import SpeculativeDecoder, draft_int8, native_kernels
-from slimspec.draft_int8 import FusedInt8Draft
-from slimspec.types import GenerationRequest, SamplingParams
+from slimspec import SpeculativeDecoder
+from slimspec.cpu import fused_draft, native_kernels, projections
+from slimspec.cpu.fused_draft import FusedDraft
+from slimspec.decoding.types import GenerationRequest, SamplingParams
 
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB
 
 pytestmark = pytest.mark.skipif(
-    not draft_int8.int8pack_available(), reason="torch lacks aten._weight_int8pack_mm"
+    not fused_draft.int8pack_available(), reason="torch lacks aten._weight_int8pack_mm"
 )
-MODES = ["int8-fused", "bf16-fused"] + (["int4-fused"] if draft_int8.int4pack_available() else [])
+MODES = ["int8-fused", "bf16-fused"] + (["int4-fused"] if fused_draft.int4pack_available() else [])
 NATIVE = native_kernels.load() is not None
 KERNELS = ["aten"] + (["native"] if NATIVE else [])  # native: AVX512-VNNI and a C compiler
 
@@ -42,7 +43,7 @@ def test_fused_draft_greedy_equals_target(pair, mode, request):
     dec = SpeculativeDecoder.from_models(
         target, draft, compression_ratio=0.3, draft_quantization=mode
     )
-    assert isinstance(dec.draft, FusedInt8Draft)
+    assert isinstance(dec.draft, FusedDraft)
     for p in prompts(3, TINY_VOCAB, seed=41):
         assert dec.generate(p, 20, stop_token_ids=[]).output_ids == target_greedy(target, p, 20)
 
@@ -64,7 +65,7 @@ def test_fused_draft_batched_fixed_k(tiny_llama_pair, mode, kernels):
 
 def prompt_hidden(base, seed: int, length: int) -> torch.Tensor:
     """Final hidden states of one prompt through a (fused or HF) base model, fresh cache."""
-    from slimspec.kv import BatchKV
+    from slimspec.decoding.kv import BatchKV
     from transformers import DynamicCache
 
     ids = torch.tensor([prompts(1, TINY_VOCAB, seed=seed, lengths=(length,))[0]])
@@ -86,10 +87,10 @@ def test_fused_draft_tracks_the_original(tiny_qwen2_pair, mode, kernels):
     """The low-bit forward approximates the original draft (q/k/v biases, GQA, RoPE)."""
     _, draft = tiny_qwen2_pair
     base = draft.get_decoder()
-    fused = FusedInt8Draft(draft, mode).get_decoder()
+    fused = FusedDraft(draft, mode).get_decoder()
     layer = fused.layers[0]
     if mode == "int4-fused":  # the tiny MLP shapes do take the int4 path
-        want = {"aten": draft_int8.Int4Linear, "native": native_kernels.NativeLowBitLinear}
+        want = {"aten": projections.Int4Linear, "native": native_kernels.NativeLowBitLinear}
         assert isinstance(layer.gate_up, want[kernels])
     if kernels == "native" and mode != "bf16-fused":
         assert (layer.gate_up.bits, layer.qkv.bits) == (4 if mode == "int4-fused" else 8, 8)
@@ -119,14 +120,14 @@ def test_fused_draft_rejects_unsupported_model_type(tiny_llama_pair):
 
 def test_fused_draft_needs_the_int8_kernel(tiny_llama_pair, monkeypatch):
     target, draft = tiny_llama_pair
-    monkeypatch.setattr(draft_int8, "int8pack_available", lambda: False)
+    monkeypatch.setattr(fused_draft, "int8pack_available", lambda: False)
     with pytest.raises(ValueError, match="_weight_int8pack_mm"):
         SpeculativeDecoder.from_models(target, draft, draft_quantization="int8-fused")
 
 
 def test_int4_draft_needs_an_int4_kernel(tiny_llama_pair, monkeypatch):
     target, draft = tiny_llama_pair
-    monkeypatch.setattr(draft_int8, "int4pack_available", lambda: False)
+    monkeypatch.setattr(fused_draft, "int4pack_available", lambda: False)
     monkeypatch.setattr(native_kernels, "load", lambda: None)
     with pytest.raises(ValueError, match=r"_weight_int4pack_mm_for_cpu.*AVX512-VNNI"):
         SpeculativeDecoder.from_models(target, draft, draft_quantization="int4-fused")
@@ -136,7 +137,7 @@ def test_int4_draft_needs_an_int4_kernel(tiny_llama_pair, monkeypatch):
 def test_int4_draft_runs_on_the_native_kernel_alone(tiny_llama_pair, monkeypatch):
     """Without aten's int4 kernel the int4 draft still builds (native kernel) and is exact."""
     target, draft = tiny_llama_pair
-    monkeypatch.setattr(draft_int8, "int4pack_available", lambda: False)
+    monkeypatch.setattr(fused_draft, "int4pack_available", lambda: False)
     dec = SpeculativeDecoder.from_models(target, draft, draft_quantization="int4-fused")
     p = prompts(1, TINY_VOCAB, seed=45)[0]
     assert dec.generate(p, 16, stop_token_ids=[]).output_ids == target_greedy(target, p, 16)
@@ -145,7 +146,7 @@ def test_int4_draft_runs_on_the_native_kernel_alone(tiny_llama_pair, monkeypatch
 def test_fused_draft_leaves_the_model_alone(tiny_llama_pair):
     _, draft = tiny_llama_pair
     before = copy.deepcopy(draft.state_dict())
-    FusedInt8Draft(draft)
+    FusedDraft(draft)
     after = draft.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -154,7 +155,7 @@ def test_fused_draft_leaves_the_model_alone(tiny_llama_pair):
 @pytest.mark.parametrize("mode", MODES)
 def test_fused_draft_smollm_equals_target(small_real_lm, mode):
     """SmolLM2-135M (fp32) as target, its own low-bit copy as draft (shared fixture:
-    FusedInt8Draft only reads the weights)."""
+    FusedDraft only reads the weights)."""
     model, tok = small_real_lm
     dec = SpeculativeDecoder.from_models(
         model, model, tok, compression_ratio=0.5, num_draft_tokens=4, draft_quantization=mode
@@ -181,7 +182,7 @@ def test_grouped_attention_equals_sdpa(t, hq, hkv):
     want = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=allowed, scale=0.25, enable_gqa=hq != hkv
     )
-    got = draft_int8.grouped_attention(q, k, v, allowed, 0.25)
+    got = fused_draft.grouped_attention(q, k, v, allowed, 0.25)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -190,10 +191,10 @@ def test_fused_draft_same_hidden_state_either_attention_path(tiny_qwen2_pair, mo
     grouped_attention; the fused forward gives the same states either way (bf16-fused,
     fp32 activations would differ only in rounding)."""
     _, draft = tiny_qwen2_pair
-    fused = FusedInt8Draft(draft, "bf16-fused").get_decoder()
+    fused = FusedDraft(draft, "bf16-fused").get_decoder()
     outs = []
     for small in (16, 0):
-        monkeypatch.setattr(draft_int8, "SMALL_QUERY", small)
+        monkeypatch.setattr(fused_draft, "SMALL_QUERY", small)
         outs.append(prompt_hidden(fused, seed=44, length=12))
     torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.02)
 
@@ -208,8 +209,8 @@ def test_native_layers_track_the_torch_layers(tiny_qwen2_pair, length, mode):
     if mode == "bf16-fused" and not native_kernels.bf16_available():
         pytest.skip("no AVX512-BF16: the bf16-fused draft keeps torch's bf16 matmuls")
     _, draft = tiny_qwen2_pair
-    native = FusedInt8Draft(draft, mode).get_decoder()
-    torch_glue = FusedInt8Draft(draft, mode).get_decoder()
+    native = FusedDraft(draft, mode).get_decoder()
+    torch_glue = FusedDraft(draft, mode).get_decoder()
     assert native._lib is not None
     torch_glue._lib = None
     a, b = (prompt_hidden(m, seed=46, length=length) for m in (native, torch_glue))
@@ -218,10 +219,10 @@ def test_native_layers_track_the_torch_layers(tiny_qwen2_pair, length, mode):
 
 def test_native_layers_only_with_native_projections(tiny_qwen2_pair, monkeypatch):
     _, draft = tiny_qwen2_pair
-    bf16 = FusedInt8Draft(draft, "bf16-fused").get_decoder()
+    bf16 = FusedDraft(draft, "bf16-fused").get_decoder()
     assert (bf16._lib is not None) == native_kernels.bf16_available()
     monkeypatch.setattr(native_kernels, "bf16_available", lambda: False)
-    bf16 = FusedInt8Draft(draft, "bf16-fused").get_decoder()
-    assert bf16._lib is None and isinstance(bf16.layers[0].qkv, draft_int8.DenseLinear)
+    bf16 = FusedDraft(draft, "bf16-fused").get_decoder()
+    assert bf16._lib is None and isinstance(bf16.layers[0].qkv, projections.DenseLinear)
     monkeypatch.setattr(native_kernels, "load", lambda: None)
-    assert FusedInt8Draft(draft, "int4-fused").get_decoder()._lib is None
+    assert FusedDraft(draft, "int4-fused").get_decoder()._lib is None

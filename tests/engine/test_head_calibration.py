@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from slimspec import SpeculativeDecoder, native_kernels
-from slimspec.artifact import find_artifact, load_artifact, ranking_from_counts, save_artifact
-from slimspec.calibrate import calibrate, main
-from slimspec.head import DraftHead, HeadConfig, check_ratio, fit_activation_aware
+from slimspec import SpeculativeDecoder
+from slimspec.calibrate import main
+from slimspec.cpu import native_kernels
+from slimspec.draft_head.artifact import (
+    find_artifact,
+    load_artifact,
+    ranking_from_counts,
+    save_artifact,
+)
+from slimspec.draft_head.calibrate import calibrate
+from slimspec.draft_head.head import DraftHead, HeadConfig, check_ratio, fit_activation_aware
 
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB
@@ -102,7 +109,7 @@ def test_distillation_lowers_held_out_kl_and_keeps_prefixes_usable():
     """A short distillation from the full head lowers the held-out KL of the activation-aware
     fit at every nested rank. (Argmax agreement need not follow on this synthetic head,
     which is why calibrate() keeps distilled factors only when agreement rises.)"""
-    from slimspec.head import distill_low_rank, low_rank_kl
+    from slimspec.draft_head.head import distill_low_rank, low_rank_kl
 
     g = torch.Generator().manual_seed(2)
     d, v, n = 48, 300, 3000

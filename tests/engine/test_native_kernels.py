@@ -12,7 +12,7 @@ import logging
 
 import pytest
 import torch
-from slimspec import native_kernels as nl
+from slimspec.cpu import native_kernels as nl
 
 LIB = nl.load()
 needs_lib = pytest.mark.skipif(

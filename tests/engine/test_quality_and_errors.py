@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.artifact import CalibrationArtifact
-from slimspec.decoder import check_tokenizers, check_vocab_size
-from slimspec.quality import REASON_QUALITY, fallback_decision, kept_share, next_lower_ratio
-from slimspec.types import GenerationRequest
+from slimspec.decoding.quality import (
+    REASON_QUALITY,
+    fallback_decision,
+    kept_share,
+    next_lower_ratio,
+)
+from slimspec.decoding.types import GenerationRequest
+from slimspec.draft_head.artifact import CalibrationArtifact
+from slimspec.draft_head.head import check_vocab_size
+from slimspec.weights.loading import check_same_vocabulary
 
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB, tiny_model
@@ -133,9 +139,9 @@ def test_mismatched_tokenizers_are_rejected():
         def get_vocab(self):
             return self._v
 
-    check_tokenizers(Tok({"a": 0, "b": 1}), Tok({"a": 0, "b": 1}))
+    check_same_vocabulary(Tok({"a": 0, "b": 1}), Tok({"a": 0, "b": 1}))
     with pytest.raises(ValueError, match="tokenizers differ"):
-        check_tokenizers(Tok({"a": 0, "b": 1}), Tok({"a": 1, "b": 0}))
+        check_same_vocabulary(Tok({"a": 0, "b": 1}), Tok({"a": 1, "b": 0}))
 
 
 def test_missing_model_path(tmp_path):

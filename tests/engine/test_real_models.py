@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.types import GenerationRequest, SamplingParams
+from slimspec.decoding.types import GenerationRequest, SamplingParams
 
 from tests.engine.helpers import target_greedy
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from slimspec import sampling as S
+from slimspec.decoding import sampling as S
 
 
 def _params(b, temperature=1.0, top_k=0, top_p=1.0):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.siblings import tree_attention, tree_positions, verify_greedy_siblings
-from slimspec.types import GenerationRequest, SamplingParams
+from slimspec.decoding.siblings import tree_attention, tree_positions, verify_greedy_siblings
+from slimspec.decoding.types import GenerationRequest, SamplingParams
 
 from tests.engine.helpers import prompts, target_greedy
 from tests.support.tiny_models import TINY_VOCAB, tiny_pair

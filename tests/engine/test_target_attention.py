@@ -12,8 +12,9 @@ import copy
 
 import pytest
 import torch
-from slimspec import SpeculativeDecoder, cpu_pack, native_kernels
-from slimspec import target_attention as ta
+from slimspec import SpeculativeDecoder
+from slimspec.cpu import native_kernels, target_packing
+from slimspec.cpu import target_attention as ta
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tests.engine.helpers import assert_equal_up_to_bf16_ties, prompts, target_greedy_with_logits
@@ -94,7 +95,7 @@ def test_hands_what_it_does_not_cover_to_sdpa_unchanged(case, monkeypatch):
 def test_pack_target_switches_only_sdpa_models():
     model = tiny_model("qwen2", seed=4).to(torch.bfloat16)
     plain = copy.deepcopy(model)
-    cpu_pack.pack_target(model)
+    target_packing.pack_target(model)
     assert model.config._attn_implementation == ta.NAME
     ids = torch.tensor([[5, 9, 14, 30, 7, 3]])
     with torch.inference_mode():

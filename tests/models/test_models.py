@@ -1,4 +1,4 @@
-"""slimspec.models: resolving names and paths, argument errors, tokenizer checks."""
+"""slimspec.weights.loading: resolving names and paths, argument errors, tokenizer checks."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from slimspec import models
-from slimspec.models import (
+from slimspec.weights import loading
+from slimspec.weights.loading import (
     ModelNotFoundError,
     check_tokenizers_compatible,
     load_causal_lm,
@@ -110,7 +110,7 @@ def test_load_small_real_model_dtype_eval_no_grad(small_real_model: Path, dtype:
     assert {p.dtype for p in model.parameters()} == {getattr(torch, dtype)}
     assert not model.training
     assert not any(p.requires_grad for p in model.parameters())
-    assert models.model_vocab_size(model) == 49_152
+    assert loading.model_vocab_size(model) == 49_152
     assert tok("hello").input_ids
 
 

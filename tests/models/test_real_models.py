@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from slimspec import fetch
-from slimspec.model_registry import QWEN_0_5B, QWEN_1_5B, SMOLLM2_135M
+from slimspec.weights import fetch
+from slimspec.weights.registry import QWEN_0_5B, QWEN_1_5B, SMOLLM2_135M
 from slimspec_testbed.models import RealModelPair
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from slimspec.model_registry import (
+from slimspec.weights.registry import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     MODELS,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from slimspec_operator import handlers
+from slimspec_operator import kube as kube_module
 from slimspec_operator.kube import ApiError, Kube
 from slimspec_operator.reconcile import reconcile
 
@@ -63,7 +64,7 @@ def test_handler_replans_after_a_conflict(
 ):
     api.create(sample(replicas=1))
     stale = api.get()
-    monkeypatch.setattr(handlers, "_kube", RacingKube(api))
+    monkeypatch.setattr(kube_module, "_shared", RacingKube(api))
     events: list[tuple[str, str, str]] = []
     monkeypatch.setattr(handlers, "_event_sink", lambda fresh, logger: lambda *e: events.append(e))
     handlers.run(stale, logging.getLogger("test"))

@@ -75,7 +75,7 @@ class TinyModels:
         target = copy.deepcopy(self.models[ref.target])
         if not has_draft(ref):
             return TargetOnlyEngine(target, self.tokenizer)
-        from slimspec.decoder import SpeculativeDecoder
+        from slimspec.decoding.decoder import SpeculativeDecoder
 
         draft = copy.deepcopy(self.models[ref.draft])  # type: ignore[index]
         return SpeculativeDecoder.from_models(target, draft, self.tokenizer, compression_ratio=0.3)
@@ -147,8 +147,8 @@ def running_server(cfg: Any, ready_timeout: float = 120.0) -> Iterator[str]:
 
 
 def tiny_config(tiny: TinyModels, **overrides: Any) -> Any:
-    from slimspec.batching import SchedulerConfig
     from slimspec.server.app import ServerConfig
+    from slimspec.server.scheduler import SchedulerConfig
     from slimspec.server.service import Limits
 
     base = ServerConfig(

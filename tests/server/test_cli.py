@@ -58,7 +58,7 @@ def test_invalid_values_are_refused() -> None:
 
 
 def test_draft_quantization_from_env_and_flag() -> None:
-    assert build_config(serve_parser({}).parse_args([]), {}).model.draft_quantization is None
+    assert build_config(serve_parser({}).parse_args([]), {}).model.draft_quantization == "auto"
     env = {"SLIMSPEC_DRAFT_QUANTIZATION": "int8-fused"}
     cfg = build_config(serve_parser(env).parse_args([]), env)
     assert cfg.model.draft_quantization == "int8-fused"

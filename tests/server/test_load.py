@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from slimspec.batching import SchedulerConfig
+from slimspec.server.scheduler import SchedulerConfig
 from slimspec.server.service import Limits, ModelRef
 
 from tests.server.conftest import APPS

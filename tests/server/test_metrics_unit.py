@@ -7,7 +7,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
-from slimspec.metrics import Metrics
+from slimspec.server.metrics import Metrics
 
 
 class FakeNvml:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from slimspec.postprocess import (
+from slimspec.server.postprocess import (
     FilterRules,
     OutputFormatError,
     apply_filters,

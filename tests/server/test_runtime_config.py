@@ -6,7 +6,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from slimspec.runtime_config import (
+from slimspec.server.runtime_config import (
     ConfigMapWatcher,
     RuntimeSettings,
     parse_settings,

@@ -8,7 +8,8 @@ import threading
 import time
 
 import pytest
-from slimspec.batching import (
+from slimspec.decoding.types import GenerationRequest, StepOutput
+from slimspec.server.scheduler import (
     NotAccepting,
     QueueFull,
     Scheduler,
@@ -16,7 +17,6 @@ from slimspec.batching import (
     pick_admissions,
     retry_after_seconds,
 )
-from slimspec.types import GenerationRequest, StepOutput
 
 
 class CountingEngine:

@@ -15,9 +15,9 @@ Session fixtures (mark the tests that use them `@pytest.mark.slow`):
   per session in float32 on the CPU, eval mode, gradients off. Shared: do not
   modify it in place.
 
-Load the pair with ``slimspec.models.load_causal_lm(path, dtype=..., device=...)``
+Load the pair with ``slimspec.weights.loading.load_causal_lm(path, dtype=..., device=...)``
 (float32 for exactness tests, bfloat16 for speed). The cache lives under
-$SLIMSPEC_CACHE/models (see slimspec.fetch).
+$SLIMSPEC_CACHE/models (see slimspec.weights.fetch).
 """
 
 from __future__ import annotations
@@ -42,6 +42,6 @@ def small_real_model() -> Path:
 
 @pytest.fixture(scope="session")
 def small_real_lm(small_real_model: Path) -> tuple[Any, Any]:
-    from slimspec.models import load_causal_lm
+    from slimspec.weights.loading import load_causal_lm
 
     return load_causal_lm(small_real_model, dtype="float32", device="cpu")

@@ -1,4 +1,4 @@
-"""tuning_handlers.tick against the real API server and a real Prometheus.
+"""tuning_tick.tick against the real API server and a real Prometheus.
 
 The clock is injected (cooldowns are minutes long in production); everything
 else is real: the CRD's schema and status subresource, server-side apply,
@@ -14,19 +14,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 from slimspec_operator import autoscaler, prom, tuner
-from slimspec_operator.tuning_handlers import (
-    GROUP,
-    KEDA_GROUP,
-    KEDA_PLURAL,
-    KEDA_VERSION,
-    PLURAL,
-    VERSION,
-    KubeIO,
-    Memory,
-    tick,
-)
-from slimspec_operator.tuning_spec import DEFAULT_QUERIES, rate_window, render_query
+from slimspec_operator.contract import GROUP, KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, PLURAL, VERSION
+from slimspec_operator.kube import Kube
+from slimspec_operator.queries import DEFAULT_QUERIES, rate_window, render_query
+from slimspec_operator.tuning_tick import Memory, tick
 from slimspec_testbed.resources import service_manifest
+from slimspec_testbed.tools import free_port
 
 from .conftest import KEDA_CRD_FILE, LoadExporter, start_prometheus
 
@@ -123,7 +116,7 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     svc.create(**tuning(server.url))
     wait_for_load(server, namespace, 5, p99=0.5)
 
-    kube, mem = KubeIO(api), Memory(started=T0)
+    kube, mem = Kube(api), Memory(started=T0)
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st is not None
     assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_CONFIRMING
@@ -184,7 +177,7 @@ async def test_quality_guard_and_no_data(
     svc = Svc(api, namespace)
     svc.create(**tuning(server.url))
     wait_for_load(server, namespace, 5)
-    kube, mem = KubeIO(api), Memory(started=T0)
+    kube, mem = Kube(api), Memory(started=T0)
     # Dry run: the decision is reported, nothing changes.
     st = await tick(svc.get(), Memory(started=T0), kube, at(0), force=True, dry_run=True)
     assert st["compression"]["lastDecision"]["proposedRatio"] == pytest.approx(0.2)
@@ -222,7 +215,7 @@ async def test_operator_autoscaling_scales_through_the_scale_subresource(
     # 3 replicas for anything in (4, 6] req/s at 2 req/s per replica.
     server.wait_for_query(rate_q, lambda r: bool(r) and 4.3 < float(r[0]["value"][1]) < 5.7)
 
-    kube, mem = KubeIO(api), Memory(started=T0)
+    kube, mem = Kube(api), Memory(started=T0)
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st["autoscaling"]["reason"] == autoscaler.SCALED_UP
     scale = client.CustomObjectsApi(api).get_namespaced_custom_object_scale(
@@ -256,7 +249,7 @@ async def test_keda_scaled_object_is_accepted_by_the_api_server(
     custom = client.CustomObjectsApi(api)
 
     kube_cluster.kubectl("delete", "--ignore-not-found", "-f", str(KEDA_CRD_FILE))
-    await tick(svc.get(), Memory(started=T0), KubeIO(api), at(0), force=True)
+    await tick(svc.get(), Memory(started=T0), Kube(api), at(0), force=True)
     assert "KedaNotInstalled" in svc.events()
 
     kube_cluster.kubectl("apply", "-f", str(KEDA_CRD_FILE))
@@ -265,7 +258,7 @@ async def test_keda_scaled_object_is_accepted_by_the_api_server(
             "wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=30s"
         )
         mem = Memory(started=T0)
-        await tick(svc.get(), mem, KubeIO(api), at(0), force=True)
+        await tick(svc.get(), mem, Kube(api), at(0), force=True)
         so = custom.get_namespaced_custom_object(
             KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL, SVC
         )
@@ -298,7 +291,7 @@ async def test_keda_scaled_object_is_accepted_by_the_api_server(
 
         # Switching to operator mode removes the ScaledObject.
         body["spec"]["autoscaling"]["mode"] = "operator"
-        await tick(body, mem, KubeIO(api), at(10), force=True)
+        await tick(body, mem, Kube(api), at(10), force=True)
         left = custom.list_namespaced_custom_object(
             KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL
         )
@@ -354,7 +347,7 @@ async def test_tuner_works_with_exactly_the_charts_rbac(
         svc.create(replicas=1, autoscaling=auto, **tuning(server.url))
         wait_for_load(server, namespace, 5)
 
-        kube, mem = KubeIO(sa_api), Memory(started=T0)
+        kube, mem = Kube(sa_api), Memory(started=T0)
         # Quality guard (ConfigMap patch, Event, status apply) and a scale-up
         # (scale subresource) in one tick, all as the chart's ServiceAccount.
         st = await tick(svc.get(), mem, kube, at(0), force=True)
@@ -381,3 +374,24 @@ async def test_tuner_works_with_exactly_the_charts_rbac(
     finally:
         kube_cluster.kubectl("delete", "--ignore-not-found", "-f", str(KEDA_CRD_FILE))
         rbac.delete_cluster_role(role_name)
+
+
+async def test_a_tick_planned_from_a_stale_read_does_not_undo_a_status_edit(
+    api: client.ApiClient, namespace: str, slimspec_crd: str
+) -> None:
+    """The status write carries the resourceVersion the tick read: a user's
+    `kubectl patch --subresource=status` (here: a ratio set by hand) made after that
+    read gets a 409 for the tick, which reads again and plans from the user's value."""
+    svc = Svc(api, namespace)
+    svc.create(**tuning(f"http://127.0.0.1:{free_port()}"))  # nothing listens: hold
+    stale = svc.get()
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, SVC, {"status": {"compression": {"ratio": 0.45}}}
+    )
+    st = await tick(stale, Memory(started=T0), Kube(api), at(0), force=True)
+    assert st is not None and st["compression"]["ratio"] == 0.45
+    status = svc.get()["status"]
+    assert status["compression"]["ratio"] == 0.45  # not put back to the stale 0.3
+    assert status["compression"]["lastDecision"]["reason"] == prom.UNREACHABLE
+    assert svc.condition()["reason"] == prom.UNREACHABLE
+    assert svc.configmap_ratio() == "0.3"  # held: nothing else was written

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from slimspec_operator import prom
 from slimspec_operator.prom import PromClient, PromError
-from slimspec_operator.tuning_spec import DEFAULT_QUERIES, render_query
+from slimspec_operator.queries import DEFAULT_QUERIES, render_query
 from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer
 from slimspec_testbed.tools import free_port
 

@@ -10,14 +10,9 @@ import pytest
 from pydantic import ValidationError
 from slimspec_operator import prom, tuner
 from slimspec_operator.prom import PromError
-from slimspec_operator.tuning_handlers import (
-    changes_from_status,
-    compression_status,
-    queries_for,
-    sample_from,
-    tuner_settings,
-)
-from slimspec_operator.tuning_spec import TuningView, rate_window, render_query
+from slimspec_operator.queries import queries_for, rate_window, render_query, sample_from
+from slimspec_operator.spec import TuningView
+from slimspec_operator.tuning_plan import changes_from_status, compression_status, tuner_settings
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

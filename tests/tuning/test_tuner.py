@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from slimspec_operator import tuner
+from slimspec_operator.contract import format_ratio
 from slimspec_operator.tuner import Change, Sample, TunerSettings, decide
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -160,8 +161,8 @@ def test_no_lowering_right_after_a_raise_while_load_is_the_same() -> None:
 
 
 def test_format_ratio() -> None:
-    assert tuner.format_ratio(0.1 + 0.2) == "0.3"
-    assert tuner.format_ratio(0.35) == "0.35"
+    assert format_ratio(0.1 + 0.2) == "0.3"
+    assert format_ratio(0.35) == "0.35"
 
 
 def _run_closed_loop(load: list[float], s: TunerSettings, noise: list[float]) -> list[float]:

@@ -1,7 +1,7 @@
 {{/*
 RBAC rules of the operator, shared by the ClusterRole and the Roles (rbac.yaml).
 Each rule is an API call the operator makes (operator/slimspec_operator/kube.py,
-handlers.py, tuning_handlers.py, and Kopf itself). Server-side apply (PATCH
+the client of the reconciler and the tuner, and Kopf itself). Server-side apply (PATCH
 with application/apply-patch+yaml) needs "create" as well as "patch" for an
 object that does not exist yet. Objects the operator creates carry an owner
 reference to their SlimSpecService, so the garbage collector deletes them: the

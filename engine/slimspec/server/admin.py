@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from slimspec.runtime_config import parse_settings
 from slimspec.server.errors import ApiError
+from slimspec.server.runtime_config import parse_settings
 from slimspec.server.schemas import AdminDrainRequest, AdminSwapRequest
 from slimspec.server.service import EngineService
 
@@ -80,7 +80,7 @@ async def put_runtime(request: Request) -> dict[str, Any]:
         raise ApiError(422, "invalid_request", "; ".join(errors))
     service.update_settings(updates)
     if blocked is not None:
-        from slimspec.postprocess import parse_blocked_words
+        from slimspec.server.postprocess import parse_blocked_words
 
         service.filters = replace(service.filters, blocked_words=parse_blocked_words(blocked))
     log.info("runtime settings updated via admin API: %s", sorted(updates))

@@ -15,10 +15,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from slimspec.batching import SchedulerConfig
-from slimspec.metrics import Metrics
-from slimspec.postprocess import FilterRules
-from slimspec.runtime_config import ConfigMapWatcher, RuntimeSettings
 from slimspec.server import admin, infer, openai_api
 from slimspec.server.errors import (
     ApiError,
@@ -28,6 +24,10 @@ from slimspec.server.errors import (
     validation_error_handler,
 )
 from slimspec.server.loading import default_loader
+from slimspec.server.metrics import Metrics
+from slimspec.server.postprocess import FilterRules
+from slimspec.server.runtime_config import ConfigMapWatcher, RuntimeSettings
+from slimspec.server.scheduler import SchedulerConfig
 from slimspec.server.service import EngineService, Limits, Loader, ModelRef
 
 log = logging.getLogger(__name__)

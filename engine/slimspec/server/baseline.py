@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from slimspec.types import (
+from slimspec.decoding.types import (
     GenerationRequest,
     GenerationResult,
     RequestStats,

@@ -13,11 +13,11 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimspec.batching import QueueFull
-from slimspec.postprocess import FilterRules, apply_filters, apply_stop, safe_emit_length
+from slimspec.decoding.types import SamplingParams
 from slimspec.server.errors import ApiError
+from slimspec.server.postprocess import FilterRules, apply_filters, apply_stop, safe_emit_length
+from slimspec.server.scheduler import QueueFull
 from slimspec.server.service import EngineService, Served, ServiceUnavailable
-from slimspec.types import SamplingParams
 
 
 @dataclass

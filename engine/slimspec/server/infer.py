@@ -1,7 +1,8 @@
-"""POST /infer, the seed's contract, with JSON or Protobuf bodies.
+"""POST /infer: {"input", "max_length"} -> {"output", "latency_ms", "compression_ratio"},
+with JSON or Protobuf bodies.
 
 `max_length` is the most NEW tokens to generate (1..--max-new-tokens); `output`
-starts with the input, as in the seed's example, unless include_input is false.
+starts with the input unless include_input is false.
 The body is parsed by hand so that every malformed case gets a clear 4xx.
 """
 
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from google.protobuf.message import DecodeError
 from pydantic import ValidationError
 
-from slimspec.postprocess import OutputFormatError, format_output
+from slimspec.decoding.types import SamplingParams
 from slimspec.server import slimspec_pb2
 from slimspec.server.errors import PROTOBUF, ApiError, validation_message, wants_protobuf
 from slimspec.server.generation import (
@@ -26,8 +27,8 @@ from slimspec.server.generation import (
     generate_text,
     tokenize,
 )
+from slimspec.server.postprocess import OutputFormatError, format_output
 from slimspec.server.schemas import InferRequest, InferResponse
-from slimspec.types import SamplingParams
 
 router = APIRouter()
 
@@ -94,7 +95,7 @@ def parse_infer(raw: bytes, content_type: str) -> InferRequest:
 @router.post(
     "/infer",
     response_model=InferResponse,
-    summary="Generate a continuation (seed contract)",
+    summary="Generate a continuation",
     openapi_extra={
         "requestBody": {
             "required": True,

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from slimspec.decoding.types import SamplingParams
 from slimspec.server.errors import ApiError
 from slimspec.server.generation import (
     GenParams,
@@ -29,7 +30,6 @@ from slimspec.server.generation import (
 )
 from slimspec.server.schemas import ChatCompletionRequest, CompletionRequest
 from slimspec.server.service import EngineService, Served
-from slimspec.types import SamplingParams
 
 router = APIRouter(prefix="/v1")
 

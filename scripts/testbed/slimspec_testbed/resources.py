@@ -8,18 +8,27 @@ import copy
 from typing import Any
 
 import yaml
+from slimspec_operator.contract import API_VERSION, GROUP, PLURAL, VERSION
 
 from slimspec_testbed.images import ImageTags
 from slimspec_testbed.tools import REPO_ROOT
 
-GROUP, VERSION, PLURAL = "slimspec.io", "v1alpha1", "slimspecservices"
+__all__ = [
+    "GROUP",
+    "PLURAL",
+    "VERSION",
+    "sample_service",
+    "service_from_example",
+    "service_manifest",
+    "with_version",
+]
 
 
 def sample_service(name: str = "chat", version: str = "v1", **spec: Any) -> dict[str, Any]:
     """Two replicas of a pair on a PVC (no kubelet runs the pods, so nothing loads it);
     ``spec`` keys replace the top-level defaults. No namespace: the caller's applies."""
     body: dict[str, Any] = {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": API_VERSION,
         "kind": "SlimSpecService",
         "metadata": {"name": name},
         "spec": {
@@ -39,7 +48,7 @@ def service_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     """SmolLM2-135M as target and draft (the tuning scenario's engine serves it locally)."""
     src = {"source": "huggingface", "huggingface": {"id": "HuggingFaceTB/SmolLM2-135M-Instruct"}}
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": API_VERSION,
         "kind": "SlimSpecService",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"model": {"version": "v1", "target": src, "draft": src}, **spec},

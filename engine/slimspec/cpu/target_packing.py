@@ -1,14 +1,12 @@
 """Prepacked oneDNN linears for a bf16/fp16 target on CPU.
 
-Why: verification runs the target over k+1 tokens. With plain `nn.Linear` in bf16
-on CPU, one token takes a fast matrix-vector path but 2+ tokens go through a GEMM
-that re-lays out the weight on every call, so verifying 5 tokens cost ~1.5x a
-one-token step here. With the weight reordered once into oneDNN's blocked layout
-(`mkldnn._reorder_linear_weight`, the packing torch.compile's CPU freezing uses),
-a linear costs the same for 1 to 16 tokens (measured 0.60 ms vs 1.05 ms for a
-1536x8960 bf16 weight at 5 tokens), which is what makes speculation pay on CPU.
+Why: verification runs the target over k+1 tokens, and a plain bf16 `nn.Linear` on
+CPU re-lays out its weight on every call of 2+ tokens, while one reordered once into
+oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, the packing torch.compile's
+CPU freezing uses) costs about the same for 1 to 16 tokens: that is what makes
+speculation pay on CPU (measurements: docs/engine.md, benchmark section).
 pack_target also switches the target's attention to target_attention.py's native
-small-query kernel (5 queries: ~150 instead of ~360 us a layer).
+small-query kernel.
 
 Only for bf16/fp16 on CPU: fp32 keeps plain linears, so the fp32 exactness checks
 compare like with like. Output stays the target's: verification is exact for the
@@ -17,6 +15,7 @@ logits the (packed) target computes.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -103,7 +102,7 @@ def pack_target(model: Any) -> int:
 
     The LM head keeps its weight when tied to the input embeddings (one copy is shared).
     """
-    from slimspec import target_attention
+    from slimspec.cpu import target_attention
 
     keep: set[int] = set()
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -113,3 +112,21 @@ def pack_target(model: Any) -> int:
     if count:
         target_attention.use_for(model)
     return count
+
+
+def maybe_pack_target(model: Any, pack: bool | None) -> bool:
+    """Pack the target (pack_target) where asked, or by default (None) where it runs: a
+    bf16/fp16 target on CPU with oneDNN, unless SLIMSPEC_PACK_TARGET=0. Returns whether it
+    did; pack=True where it cannot run is a ValueError."""
+    weight = model.get_output_embeddings().weight
+    usable = weight.device.type == "cpu" and packing_available(weight.dtype)
+    if pack is None:
+        pack = usable and os.environ.get("SLIMSPEC_PACK_TARGET", "1") != "0"
+    elif pack and not usable:
+        raise ValueError(
+            f"pack_target=True needs a bf16/fp16 target on CPU with oneDNN, got "
+            f"{weight.dtype} on {weight.device}"
+        )
+    if pack:
+        pack_target(model)
+    return bool(pack)

@@ -1,11 +1,19 @@
-"""Adaptive number of draft tokens per request (pure decisions)."""
+"""Adaptive number of draft tokens: pure decisions, and the cost model they read.
+
+k maximises expected tokens per unit of time. Acceptance comes from each row's
+decayed counts (AcceptanceEstimate); time comes from the steps so far (CostModel):
+verification seconds against the number of tokens verified, and a draft forward over
+the batch's one-token verification.
+"""
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 MIN_COUNTS = 3  # distinct verified-token counts before the verification line gets a slope
+PROBE_EVERY = 8  # a row that chose k = 0 this many steps in a row drafts once to re-measure
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -83,11 +91,11 @@ class VerifyCost:
     """Seconds of a target forward against the number of tokens it verifies (rows x
     tokens each): an EMA per observed count and a robust line through them (`line`).
 
-    Why: on CPU, verifying more tokens is not free (here a packed 1.5B target took
-    110 ms for 5 tokens and 142 ms for 9), so the k that maximises tokens per second
-    depends on the slope. One-token target steps (k = 0) are kept apart in `single_s`:
-    they may take another kernel path (a packed oneDNN linear at one row was measured
-    slower than at five), so they do not bend the line.
+    Why: on CPU, verifying more tokens is not free, so the k that maximises tokens per
+    second depends on the slope. One-token target steps (k = 0) are kept apart in
+    `single_s`: they may take another kernel path (a packed oneDNN linear can be slower
+    at one row than at five), so they do not bend the line. Figures: docs/engine.md,
+    benchmark section.
     """
 
     decay: float = 0.8
@@ -106,8 +114,8 @@ class VerifyCost:
     def line(self) -> tuple[float, float] | None:
         """(intercept >= 0, slope >= 0) in seconds and seconds per token; None before any
         timing. Flat through the mean until MIN_COUNTS token counts were seen, then
-        Theil-Sen (median of pairwise slopes): one slow outlier step (seen here: 302 ms
-        among 150-180 ms) must not tilt the line and pin k at 1."""
+        Theil-Sen (median of pairwise slopes): one slow outlier step must not tilt the
+        line and pin k at 1."""
         if not self.by_tokens:
             return None
         pts = sorted(self.by_tokens.items())
@@ -160,3 +168,69 @@ def relative_costs(
         return RelativeCosts(draft_ratio, 0.0, single_prior)
     single = single_prior if single_s is None else single_s / unit
     return RelativeCosts(draft_ratio, line[1] * rows / unit, single)
+
+
+def choose_batch_k(
+    alphas: Sequence[float],
+    idle_steps: Sequence[int],
+    costs: RelativeCosts,
+    k_min: int,
+    k_max: int,
+    probe_every: int = PROBE_EVERY,
+) -> int:
+    """The largest of the rows' choices (one forward per depth serves every row).
+
+    k = 0 (a plain target step) only where k_min allows it; a row that chose 0 for
+    probe_every steps drafts with the k it would choose among k >= 1, to re-measure its
+    acceptance with the k drafting would use rather than a lone token.
+    """
+    ks = []
+    for alpha, idle in zip(alphas, idle_steps, strict=True):
+        k = choose_k(
+            alpha,
+            costs.draft,
+            k_min,
+            k_max,
+            verify_cost_per_token=costs.verify_per_token,
+            single_cost=costs.single,
+        )
+        if k == 0 and idle >= probe_every:
+            k = choose_k(alpha, costs.draft, 1, k_max, verify_cost_per_token=costs.verify_per_token)
+        ks.append(k)
+    return max(ks)
+
+
+class CostModel:
+    """What a step costs, learnt from the steps so far: the verification line
+    (VerifyCost) and draft_ratio, an EMA of a draft forward over the batch's one-token
+    verification."""
+
+    def __init__(self, draft_ratio: float = 0.3) -> None:
+        self.verify = VerifyCost()
+        self.draft_ratio = draft_ratio
+
+    def relative_costs(self, rows: int) -> RelativeCosts:
+        """choose_k's cost inputs for a batch of `rows` rows."""
+        return relative_costs(self.verify.line(), rows, self.draft_ratio, self.verify.single_s)
+
+    def observe(
+        self,
+        draft_s: float,
+        target_s: float,
+        k: int,
+        catch_up_s: float | None,
+        tokens: int,
+        rows: int,
+    ) -> None:
+        """One step's timing: a draft phase of k forwards (catch_up_s: see
+        draft_forward_seconds) and a verification of `tokens` tokens over `rows` rows."""
+        if target_s <= 0:
+            return
+        if k == 0:
+            self.verify.observe_single(target_s)
+            return
+        self.verify.observe(tokens, target_s)
+        per_forward = draft_forward_seconds(draft_s, k, catch_up_s)
+        unit = one_token_seconds(self.verify.line(), rows)
+        if per_forward is not None and unit is not None:
+            self.draft_ratio = 0.8 * self.draft_ratio + 0.2 * per_forward / unit

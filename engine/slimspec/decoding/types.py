@@ -1,4 +1,4 @@
-"""Plain data types shared by the decoder, the batching scheduler and the server.
+"""Plain data types shared by the decoder, the scheduler (server/scheduler.py) and the server.
 
 They are the contract between the speculative loop (decoder.py) and everything
 that drives it; keep them free of torch so the server layer can import them cheaply.

@@ -1,11 +1,12 @@
-"""Faster draft forwards: weight-only int8 quantisation of the draft (an engine option,
-separate from compression_ratio; the target is never touched, so output stays exact).
+"""The `draft_quantization` option: faster draft forwards (separate from
+compression_ratio; the target is never touched, so output stays exact).
 
+- "auto", the default: "int4-fused" where it runs and pays (see resolve_auto), else none.
 - "int8": torch dynamic quantisation of the draft's nn.Linear layers (runs in float32;
   any architecture).
 - "int8-fused": a hand-written Llama/Qwen2 draft forward with per-channel int8
   weights, fused q/k/v and gate/up projections and `aten._weight_int8pack_mm`
-  (draft_int8.py); bfloat16 activations.
+  (fused_draft.py); bfloat16 activations.
 - "int4-fused": the same forward with the MLP weights in int4 groups of 64 (attention
   stays int8): the fastest draft step on CPU, at slightly lower acceptance.
 - "bf16-fused": the same forward with every weight in bfloat16 (no quantisation, so
@@ -19,14 +20,23 @@ from typing import Any
 import torch
 
 QUANTIZATIONS = ("int8", "int8-fused", "int4-fused", "bf16-fused")
-AUTO = "auto"  # int4-fused where it runs (CPU, Llama/Qwen2 draft, kernels present), else none
+FUSED_LOW_BIT = ("int8-fused", "int4-fused")  # their subset head is scored in int8 too
+AUTO = "auto"  # the default: see resolve_auto
 
 
 def resolve_auto(model: Any, device: torch.device) -> str | None:
-    """What draft_quantization="auto" means for this draft on this device."""
+    """What draft_quantization="auto" means for this draft on this device: "int4-fused"
+    for a bf16/fp16 Llama/Qwen2 draft on CPU where its kernels run, else None (the draft
+    as loaded).
+
+    An fp32 draft stays as loaded: fp32 is the reference configuration (exactness is
+    checked in it), so auto leaves its numerics alone; the fused drafts compute in bf16.
+    """
     if device.type != "cpu":
         return None  # the fused kernels used here are the CPU ones
-    from slimspec.draft_int8 import check_supported
+    if model.get_output_embeddings().weight.dtype == torch.float32:
+        return None
+    from slimspec.cpu.fused_draft import check_supported
 
     try:
         check_supported(model, "int4-fused")
@@ -38,16 +48,16 @@ def resolve_auto(model: Any, device: torch.device) -> str | None:
 def quantize_draft(model: Any, mode: str) -> Any:
     """Return the draft to use for `mode` (may be a new object; the LM head is kept as is).
 
-    The LM head is left alone: the compressed head (head.py) reads its weight.
+    The LM head is left alone: the compressed head (draft_head/head.py) reads its weight.
     """
     if mode not in QUANTIZATIONS:
         raise ValueError(
             f"draft_quantization must be one of {QUANTIZATIONS}, {AUTO!r} or None, got {mode!r}"
         )
     if mode in ("int8-fused", "int4-fused", "bf16-fused"):
-        from slimspec.draft_int8 import FusedInt8Draft
+        from slimspec.cpu.fused_draft import FusedDraft
 
-        return FusedInt8Draft(model, mode)
+        return FusedDraft(model, mode)
     from torch.ao.quantization import quantize_dynamic
 
     # Dynamic int8 kernels run in float32, so the draft is converted to float32 first.

@@ -5,19 +5,20 @@ decides the speed-up. Framework modules (one nn.Linear per projection, dynamic
 activation quantisation, generic attention dispatch) cost more than the matmuls
 at batch 1-4. This forward keeps int8 weights, fuses q/k/v and gate/up into one
 matmul each, and calls low-bit kernels directly with activations in bfloat16. With
-mlp_bits=4 the MLP weights (87% of a Qwen2.5-0.5B layer's bytes) are int4 groups of
-64: the draft step is bound by memory traffic, so half the bytes is ~40% less step
-time, for ~3% less agreement with the bf16 draft's argmax.
+mlp_bits=4 the MLP weights (most of a layer's bytes) are int4 groups of 64: the draft
+step is bound by memory traffic, so halving those bytes buys much more step time than
+it costs agreement with the bf16 draft's argmax (figures: docs/engine.md, benchmark
+section).
 
 Kernels: where the CPU has AVX512-VNNI and a C compiler is present, the native ones of
 native_kernels.py (asymmetric groups of 64 for int4 and int8, activations quantised to
 int8 per group); else aten's `_weight_int4pack_mm_for_cpu` (int4 groups of 64) and
 `_weight_int8pack_mm` (per-output-channel int8).
 
-It is a drop-in for the draft's base model as decoder.py calls it:
+It is a drop-in for the draft's base model as the decoder calls it (decoding/kv.forward):
 `base(input_ids=, attention_mask=4D additive mask, position_ids=, cache=DynamicCache)`
 returning an object with `.last_hidden_state`; the cache is the decoder's batched
-KV cache with holes (kv.py), updated through `cache.update`, so roll-back,
+KV cache with holes (decoding/kv.py), updated through `cache.update`, so roll-back,
 compaction and row selection work unchanged. The target is never touched, so the
 output stays exact.
 """
@@ -26,17 +27,17 @@ from __future__ import annotations
 
 import ctypes
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from slimspec import native_kernels
-from slimspec.native_kernels import NativeLowBitLinear
+from slimspec.cpu import native_kernels
+from slimspec.cpu.native_kernels import NativeLowBitLinear
+from slimspec.cpu.projections import Projection, low_bit_projection
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 FUSED_BITS = {"int8-fused": 8, "int4-fused": 4, "bf16-fused": 16}  # mode -> MLP weight bits
-INT4_GROUP = 64
 
 
 def int8pack_available() -> bool:
@@ -96,90 +97,6 @@ def check_supported(model: Any, mode: str = "int8-fused") -> None:
         )
 
 
-class Int8Linear:
-    """y = x @ (q * scale).T + bias with q int8 (N, K) and one scale per output row."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
-        w = weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-8)
-        self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.to(dtype)
-        self.bias = None if bias is None else bias.detach().to(dtype)
-        self.out_features = w.shape[0]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.q, self.scale)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*lead, self.out_features)
-
-
-class DenseLinear:
-    """y = x @ W.T + bias with W kept in bfloat16 (the "bf16-fused" draft: no quantisation,
-    only the fused projections and the lean forward)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
-        self.w = weight.detach().to(dtype).contiguous()
-        self.bias = None if bias is None else bias.detach().to(dtype)
-        self.out_features = self.w.shape[0]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w, self.bias)
-
-
-class Int4Linear:
-    """y = x @ W.T with W in asymmetric int4 groups along K (tinygemm layout, CPU kernel)."""
-
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, group: int = INT4_GROUP):
-        w = weight.detach().float()
-        n, k = w.shape
-        wg = w.view(n, k // group, group)
-        lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
-        scale = ((hi - lo) / 15.0).clamp_min(1e-8)
-        q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.view(n, k), 2)
-        # The kernel computes (q - 8) * scale + zero, so zero = lo + 8 * scale.
-        zero = lo + 8.0 * scale
-        self.scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
-        self.group = group
-        self.out_features = n
-
-    @staticmethod
-    def fits(weight: torch.Tensor, group: int = INT4_GROUP) -> bool:
-        n, k = weight.shape
-        return k % group == 0 and n % 16 == 0  # the packing kernel needs N % 16
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, x.shape[-1]), self.packed, self.group, self.scale_zero
-        )
-        return y.reshape(*lead, self.out_features)
-
-
-Projection = Int8Linear | Int4Linear | NativeLowBitLinear | DenseLinear
-
-
-def _low_bit(
-    weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, bits: int
-) -> Projection:
-    """A projection with `bits`-bit weights (16: bf16): the native kernels where they
-    run and the shape fits (native_kernels.py: faster than aten's and oneDNN's on a CPU
-    without AMX); else bf16 through F.linear for 16, aten's int4 kernel for 4 (where
-    the shape allows: tiny test models may not) or its int8 kernel."""
-    lib = native_kernels.load()
-    if bits == 16:
-        if lib is not None and native_kernels.bf16_available() and NativeLowBitLinear.fits(weight):
-            return NativeLowBitLinear(weight, bias, lib, 16)
-        return DenseLinear(weight, bias, dtype)
-    if lib is not None and NativeLowBitLinear.fits(weight):
-        return NativeLowBitLinear(weight, bias, lib, bits)
-    if bits == 4 and bias is None and Int4Linear.fits(weight):
-        return Int4Linear(weight, dtype)
-    return Int8Linear(weight, bias, dtype)
-
-
 def _cat_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
     biases = [lin.bias for lin in linears]
     if all(b is None for b in biases):
@@ -199,21 +116,23 @@ class _Layer:
         self.n_q = attn.q_proj.out_features // self.head_dim
         self.n_kv = attn.k_proj.out_features // self.head_dim
         self.scaling = float(attn.scaling)
-        # Attention projections stay 8-bit under an int4 MLP: int4 there cost ~4% of the
-        # accepted length for ~4 ms a token (measured on the Qwen2.5-Coder pair).
+        # Attention projections stay 8-bit under an int4 MLP: int4 there cost more
+        # accepted length than it saved time (docs/engine.md, benchmark section).
         attn_bits = 16 if mlp_bits == 16 else 8
-        self.qkv: Projection = _low_bit(
+        self.qkv: Projection = low_bit_projection(
             torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
             _cat_bias(attn.q_proj, attn.k_proj, attn.v_proj),
             dtype,
             attn_bits,
         )
-        self.o: Projection = _low_bit(attn.o_proj.weight, attn.o_proj.bias, dtype, attn_bits)
+        self.o: Projection = low_bit_projection(
+            attn.o_proj.weight, attn.o_proj.bias, dtype, attn_bits
+        )
         self.inter = mlp.gate_proj.out_features
-        self.gate_up = _low_bit(
+        self.gate_up = low_bit_projection(
             torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None, dtype, mlp_bits
         )
-        self.down = _low_bit(mlp.down_proj.weight, None, dtype, mlp_bits)
+        self.down = low_bit_projection(mlp.down_proj.weight, None, dtype, mlp_bits)
         self.in_norm = layer.input_layernorm.weight.detach().to(dtype)
         self.post_norm = layer.post_attention_layernorm.weight.detach().to(dtype)
         self.eps = float(layer.input_layernorm.variance_epsilon)
@@ -229,9 +148,9 @@ def grouped_attention(
 
     q (B, Hq, T, D); k, v (B, Hkv, L, D); allowed (B, 1, T, L) bool, every row with a
     True (a padding query sees itself). Query head h reads KV head h // (Hq / Hkv), as
-    HF's repeat_kv. Why: on CPU, SDPA's flash kernel costs 240 us for one query over
-    300 keys (460 us over 600) where two small matmuls cost ~85 us; the draft runs 24
-    of these per token. Scores and softmax in float32.
+    HF's repeat_kv. Why: for a few queries on CPU, two small matmuls cost a fraction of
+    SDPA's flash kernel, and the draft runs one per layer per token (figures:
+    docs/engine.md, benchmark section). Scores and softmax in float32.
     """
     b, hq, t, d = q.shape
     hkv, n = k.shape[1], k.shape[2]
@@ -243,12 +162,21 @@ def grouped_attention(
     return torch.matmul(probs, v).view(b, hq, t, d)
 
 
+class NativeProjections(NamedTuple):
+    """One layer's projections when all of them run on the native kernels."""
+
+    qkv: NativeLowBitLinear
+    o: NativeLowBitLinear
+    gate_up: NativeLowBitLinear
+    down: NativeLowBitLinear
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class FusedInt8Base:
+class FusedDraftBase:
     """The draft's base model as int8 fused projections (callable like the HF base model)."""
 
     def __init__(self, base: Any, dtype: torch.dtype, mlp_bits: int = 8) -> None:
@@ -262,15 +190,27 @@ class FusedInt8Base:
         self.eps = float(base.norm.variance_epsilon)
         # Whole layers through the native kernels (norms, RoPE, attention, SiLU and the
         # residual adds inside 2 kernel calls) when every projection is native.
-        self._lib = native_kernels.load() if self._all_native() else None
+        self._native = self._native_projections()
+        self._lib = native_kernels.load() if self._native is not None else None
 
-    def _all_native(self) -> bool:
-        # the native kernels read and write bfloat16 activations
-        return self.dtype == torch.bfloat16 and all(
-            isinstance(p, NativeLowBitLinear) and lyr.head_dim % 16 == 0
-            for lyr in self.layers
-            for p in (lyr.qkv, lyr.o, lyr.gate_up, lyr.down)
-        )
+    def _native_projections(self) -> list[NativeProjections] | None:
+        """Every layer's projections when all are native and every head fits the kernels
+        (which read and write bfloat16 activations); else None."""
+        if self.dtype != torch.bfloat16:
+            return None
+        layers = []
+        for lyr in self.layers:
+            qkv, o, gate_up, down = lyr.qkv, lyr.o, lyr.gate_up, lyr.down
+            if (
+                not isinstance(qkv, NativeLowBitLinear)
+                or not isinstance(o, NativeLowBitLinear)
+                or not isinstance(gate_up, NativeLowBitLinear)
+                or not isinstance(down, NativeLowBitLinear)
+                or lyr.head_dim % 16
+            ):
+                return None
+            layers.append(NativeProjections(qkv, o, gate_up, down))
+        return layers
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.embed
@@ -290,7 +230,7 @@ class FusedInt8Base:
         # Boolean "may attend" mask: the additive float mask's min would overflow in bf16.
         mask = attention_mask == 0
         if self._lib is not None:
-            h = self._native_layers(h.contiguous(), cos, sin, mask, cache)
+            h = self._native_layers(self._lib, h.contiguous(), cos, sin, mask, cache)
             h = F.rms_norm(h, (h.shape[-1],), self.norm, self.eps)
             return SimpleNamespace(last_hidden_state=h)
         cos, sin = cos.to(self.dtype).unsqueeze(1), sin.to(self.dtype).unsqueeze(1)
@@ -317,7 +257,13 @@ class FusedInt8Base:
         return SimpleNamespace(last_hidden_state=h)
 
     def _native_layers(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, cache: Any
+        self,
+        lib: ctypes.CDLL,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
     ) -> torch.Tensor:
         """The decoder layers through the native kernels, h (B, T, hidden) updated in place.
 
@@ -327,20 +273,22 @@ class FusedInt8Base:
         norm and RoPE; attention, o, the MLP and both residual adds) around the torch
         cache update. Prefill (more than SMALL_QUERY tokens) runs SDPA for attention.
         """
-        lib = self._lib
+        native = self._native
+        if native is None:
+            raise RuntimeError("the native layer path needs native projections")
         b, q, _ = h.shape
         rows = h.view(b * q, -1)
         cos2 = cos.to(self.dtype).reshape(b * q, -1).contiguous()
         sin2 = sin.to(self.dtype).reshape(b * q, -1).contiguous()
         allowed = mask[:, 0].contiguous()  # (B, T, L)
         bf16 = torch.bfloat16
-        for i, lyr in enumerate(self.layers):
+        for i, (lyr, p) in enumerate(zip(self.layers, native, strict=True)):
             nq, nkv, d = lyr.n_q, lyr.n_kv, lyr.head_dim
             q_rows = torch.empty(b * q, nq * d, dtype=bf16)
             k_new = torch.empty(b, nkv, q, d, dtype=bf16)
             v_new = torch.empty(b, nkv, q, d, dtype=bf16)
             rc = lib.draft_layer_pre(
-                *(rows.data_ptr(), b, q, ctypes.byref(lyr.qkv.desc), lyr.in_norm.data_ptr()),
+                *(rows.data_ptr(), b, q, ctypes.byref(p.qkv.desc), lyr.in_norm.data_ptr()),
                 *(lyr.eps, cos2.data_ptr(), sin2.data_ptr(), nq, nkv, d),
                 *(q_rows.data_ptr(), k_new.data_ptr(), v_new.data_ptr()),
             )
@@ -351,8 +299,8 @@ class FusedInt8Base:
                 rc = lib.draft_layer_post(
                     *(rows.data_ptr(), b, q, q_rows.data_ptr(), nq, ks.data_ptr()),
                     *(vs.data_ptr(), allowed.data_ptr(), nkv, ks.shape[2], d, lyr.scaling),
-                    *(ctypes.byref(lyr.o.desc), lyr.post_norm.data_ptr(), lyr.eps),
-                    *(ctypes.byref(lyr.gate_up.desc), ctypes.byref(lyr.down.desc)),
+                    *(ctypes.byref(p.o.desc), lyr.post_norm.data_ptr(), lyr.eps),
+                    *(ctypes.byref(p.gate_up.desc), ctypes.byref(p.down.desc)),
                 )
                 native_kernels.check_rc(rc, "draft layer")
                 continue
@@ -365,13 +313,13 @@ class FusedInt8Base:
                 scale=lyr.scaling,
                 enable_gqa=nq != nkv,
             )
-            lyr.o.fused(a.transpose(1, 2).reshape(b * q, -1), residual=rows)
-            gu = lyr.gate_up.fused(rows, norm=lyr.post_norm, eps=lyr.eps)
-            lyr.down.fused(gu, silu_gate=True, residual=rows)
+            p.o.fused(a.transpose(1, 2).reshape(b * q, -1), residual=rows)
+            gu = p.gate_up.fused(rows, norm=lyr.post_norm, eps=lyr.eps)
+            p.down.fused(gu, silu_gate=True, residual=rows)
         return h
 
 
-class FusedInt8Draft:
+class FusedDraft:
     """What the decoder keeps as `self.draft`: the fused base plus the original LM head.
 
     Holding no reference to the original layers lets their bf16/fp32 weights be freed.
@@ -379,24 +327,22 @@ class FusedInt8Draft:
 
     def __init__(self, model: Any, mode: str = "int8-fused") -> None:
         if mode not in FUSED_BITS:
-            raise ValueError(
-                f"FusedInt8Draft mode must be one of {sorted(FUSED_BITS)}, got {mode!r}"
-            )
+            raise ValueError(f"FusedDraft mode must be one of {sorted(FUSED_BITS)}, got {mode!r}")
         check_supported(model, mode)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        # bf16 activations even for an fp32 draft: the int8 kernel is ~7x slower with fp32
-        # inputs on CPU, and draft numerics only affect acceptance, never the output.
+        # bf16 activations even for an fp32 draft: the int8 kernel is several times slower
+        # with fp32 inputs on CPU, and draft numerics only affect acceptance, never the output.
         dtype = torch.bfloat16
         self.config = model.config
         self.mode = mode
-        self._base = FusedInt8Base(base, dtype, mlp_bits=FUSED_BITS[mode])
+        self._base = FusedDraftBase(base, dtype, mlp_bits=FUSED_BITS[mode])
         self._head = model.get_output_embeddings()
 
-    def get_decoder(self) -> FusedInt8Base:
+    def get_decoder(self) -> FusedDraftBase:
         return self._base
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self._head
 
-    def eval(self) -> FusedInt8Draft:
+    def eval(self) -> FusedDraft:
         return self

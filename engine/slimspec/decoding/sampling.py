@@ -9,7 +9,12 @@ sample from norm(max(p - q, 0)); if all k are accepted, sample a bonus from p.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
+
+from slimspec.decoding.types import SamplingParams
 
 # Shape conventions: B rows (requests), k draft positions, V vocabulary.
 
@@ -145,10 +150,76 @@ def uniform(seed: int, position: int, stream: int) -> float:
 
 
 def sampling_tensors(
-    params: list, device: torch.device | str = "cpu"
+    params: Sequence[SamplingParams], device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(temperature, top_k, top_p) tensors for a list of SamplingParams."""
     temperature = torch.tensor([float(s.temperature) for s in params], device=device)
     top_k = torch.tensor([int(s.top_k) for s in params], device=device, dtype=torch.long)
     top_p = torch.tensor([float(s.top_p) for s in params], device=device)
     return temperature, top_k, top_p
+
+
+def full_vocab_q(
+    q_subset: Sequence[torch.Tensor], token_ids: torch.Tensor, vocab: int, rows: int
+) -> torch.Tensor:
+    """(rows, k, vocab) float32: the distribution each draft token was sampled from, over the
+    full vocabulary. q_subset[j] (rows, V') is over token_ids (V',); zero elsewhere, so
+    a compressed head's q is exact for verify_rejection."""
+    q = torch.zeros(rows, len(q_subset), vocab, dtype=torch.float32, device=token_ids.device)
+    for j, qs in enumerate(q_subset):
+        q[:, j].index_copy_(1, token_ids, qs.float())
+    return q
+
+
+@dataclass(frozen=True)
+class BatchSampling:
+    """How each row of a batched step chooses tokens, and its randomness.
+
+    seeds[i] is None for a greedy row; a sampling row's uniforms are keyed by its seed
+    and the absolute position of the token they decide (starts[i] = the position of the
+    row's first new token this step), so they do not depend on the schedule.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seeds: tuple[int | None, ...]
+    starts: tuple[int, ...]
+    all_greedy: bool
+    device: torch.device
+
+    @classmethod
+    def for_rows(
+        cls,
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int | None],
+        starts: Sequence[int],
+        device: torch.device,
+    ) -> BatchSampling:
+        temperature, top_k, top_p = sampling_tensors(params, device)
+        greedy = all(p.greedy for p in params)
+        return cls(temperature, top_k, top_p, tuple(seeds), tuple(starts), greedy, device)
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        return warp_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def uniforms(self, offset: int, n: int, stream: int) -> torch.Tensor:
+        """(B, n) uniforms for positions start+offset .. +n-1 of each sampling row (0 for
+        greedy rows)."""
+        u = torch.zeros(len(self.seeds), n, dtype=torch.float64)
+        for i, (seed, start) in enumerate(zip(self.seeds, self.starts, strict=True)):
+            if seed is not None:
+                base = start + offset
+                u[i] = torch.tensor([uniform(seed, base + j, stream) for j in range(n)])
+        return u.to(self.device)
+
+    def bonus(self, num_accepted: torch.Tensor, k: int) -> torch.Tensor:
+        """(B,) bool: whether a row also emits the target's token after its accepted drafts.
+
+        A sampling row that accepted all k drafts does not: every token it emits then
+        comes from the same position-keyed draft/accept/residual draw, so a seeded output
+        does not depend on k (exactness holds either way). Its last draft becomes the
+        next step's first input.
+        """
+        greedy = torch.tensor([s is None for s in self.seeds], device=self.device)
+        return greedy | (num_accepted < k)

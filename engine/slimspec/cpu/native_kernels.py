@@ -6,21 +6,15 @@
 - `attention`: small-query grouped attention (also the packed target's,
   target_attention.py); `rope_` exposes the RoPE the layer calls use, for its test;
 - `draft_layer_pre` / `draft_layer_post`: a whole draft layer in two calls around
-  the torch KV-cache update (draft_int8.FusedInt8Base._native_layers).
+  the torch KV-cache update (fused_draft.FusedDraftBase._native_layers).
 
-Why: on a CPU without AMX, aten's `_weight_int4pack_mm_for_cpu` dequantises each
-weight to float before multiplying and runs compute-bound (~16 GB/s of int4 with 2
-threads: the 0.5B draft's MLP takes ~10 ms a token), and `_weight_int8pack_mm` costs
-~100 us a call for the small attention projections. csrc/draft_kernels.c quantises the
-few activation rows to int8 per group of 64 and multiplies with vpdpbusd: measured
-here, the int4 MLP of all 24 layers takes 6.6-8 ms instead of 9.9-11.7, and the int4
-draft token ~24 ms instead of ~29, with the same acceptance. Doing the layers' small
-ops here too took a draft token from 19 to 13 ms (torch's RMSNorm alone costs ~45 us a
-call on one 896-wide row). For bf16 weights (the "bf16-fused" draft), oneDNN's matmul
-reads 14-19 GB/s at 1-4 rows here, vdpbf16ps on the blocked weight stream more.
+Why: on a CPU without AMX, aten's low-bit kernels dequantise every weight before
+multiplying (compute-bound) or cost much per call, while quantising the few activation
+rows to int8 lets vpdpbusd multiply at about the speed of reading the weights (how:
+csrc/draft_kernels.c; measurements: docs/engine.md, benchmark section).
 
 The C file is compiled once per source and compiler into $SLIMSPEC_CACHE/kernels with
-the system C compiler (no torch headers: ~1 s) and loaded with ctypes. It links
+the system C compiler (no torch headers) and loaded with ctypes. It links
 libgomp by soname, so it shares torch's OpenMP runtime and thread count. Where it
 cannot run (no AVX512-VNNI, no compiler, a failed self-check, or SLIMSPEC_NATIVE_KERNELS=0)
 `load()` returns None and the drafts use aten's kernels (and the target SDPA). The
@@ -40,17 +34,25 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
-from slimspec.fetch import cache_root
+from slimspec.cpu.native_format import (
+    GROUP,
+    QUANT_BITS,
+    ROWS,
+    attention_reference,
+    blocked,
+    pack,
+    quantize,
+    reference,
+)
+from slimspec.paths import cache_root
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "draft_kernels.c"
-GROUP = 64  # inputs per quantisation group (weights and activations)
-ROWS = 4  # weight rows per block in the kernel's layout
-QUANT_BITS = (4, 8)  # quantised weights
 BITS = (*QUANT_BITS, 16)  # 16: bf16 weights, where the CPU has AVX512-BF16
 CFLAGS = (
     "-O3",
@@ -68,7 +70,14 @@ ENV_SWITCH = "SLIMSPEC_NATIVE_KERNELS"
 PROLOGUE_RMSNORM, PROLOGUE_SILU_GATE = 1, 2  # csrc/draft_kernels.c
 
 _lock = threading.Lock()
-_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+class _Decided(TypedDict, total=False):
+    lib: ctypes.CDLL | None  # load()
+    bf16: bool  # bf16_available()
+
+
+_loaded: _Decided = {}
 
 
 def _cpu_flags(cpuinfo: str | None) -> set[str]:
@@ -200,59 +209,6 @@ def _load_uncached() -> ctypes.CDLL | None:
         log.warning("native low-bit kernels off: the self-check disagreed with the reference")
         return None
     return lib
-
-
-def quantize(
-    weight: torch.Tensor, bits: int, group: int = GROUP
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric groups along K: (u uint8 (N, K) in 0..2^bits-1, scale, low (N, K/group))
-    with w ~= u * scale + low. scale and low are values of float16 (the kernel stores
-    them so), and u is rounded against those."""
-    if bits not in QUANT_BITS:
-        raise ValueError(f"quantize takes bits in {QUANT_BITS}, got {bits}")
-    w = weight.detach().float()
-    n, k = w.shape
-    top = float(2**bits - 1)
-    wg = w.view(n, k // group, group)
-    low, high = wg.amin(dim=-1), wg.amax(dim=-1)
-    scale = ((high - low) / top).clamp_min(1e-7).half().float()
-    low = low.half().float()
-    u = torch.round((wg - low[..., None]) / scale[..., None]).clamp(0, top).to(torch.uint8)
-    return u.view(n, k), scale, low
-
-
-def blocked(t: torch.Tensor) -> torch.Tensor:
-    """(N, G, ...) -> (N/4, G, 4, ...), contiguous: the kernel reads 4 rows' group g
-    together."""
-    n = t.shape[0]
-    return t.reshape(n // ROWS, ROWS, *t.shape[1:]).transpose(1, 2).contiguous()
-
-
-def pack(u: torch.Tensor, bits: int, group: int = GROUP) -> torch.Tensor:
-    """(N, K) weights in 0..2^bits-1 -> the kernel's bytes, blocked by 4 rows; for 4
-    bits, byte j of a group holds u[j] | u[j + 32] << 4."""
-    n, k = u.shape
-    g = u.view(n, k // group, group)
-    if bits == 4:
-        g = g[..., : group // 2] | (g[..., group // 2 :] << 4)
-    return blocked(g)
-
-
-def reference(
-    x: torch.Tensor, u: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int = GROUP
-) -> torch.Tensor:
-    """What the kernel computes, in float32: activations quantised to int8 per group
-    (x * (1 / scale), rounded half to even, as the C code) times the dequantised weights.
-    The check for the kernel, not a fallback."""
-    xf = x.float()
-    m, k = xf.shape
-    xg = xf.view(m, k // group, group)
-    xs = xg.abs().amax(dim=-1) / 127.0
-    inv = torch.where(xs > 0, 1.0 / xs, torch.zeros_like(xs))
-    x_deq = (torch.round(xg * inv[..., None]) * xs[..., None]).view(m, k)
-    n = u.shape[0]
-    w_deq = (u.float().view(n, k // group, group) * scale[..., None] + low[..., None]).view(n, k)
-    return x_deq @ w_deq.T
 
 
 class NativeLowBitLinear:
@@ -422,20 +378,6 @@ def _self_check(lib: ctypes.CDLL, bits: int) -> bool:
         want = reference(x, u, scale, low) + bias.float()
     got = NativeLowBitLinear(w, bias, lib, bits)(x).float()
     return bool(torch.allclose(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item()))
-
-
-def attention_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Float32 grouped-query attention: q (B, Hq, T, d), k/v (B, Hkv, L, d), allowed
-    (B, T, L) -> (B, T, Hq*d)."""
-    b, hq, t, d = q.shape
-    rep = hq // k.shape[1]
-    kf = k.float().repeat_interleave(rep, dim=1)
-    vf = v.float().repeat_interleave(rep, dim=1)
-    scores = (q.float() @ kf.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~allowed.unsqueeze(1), float("-inf"))
-    return (scores.softmax(-1) @ vf).transpose(1, 2).reshape(b, t, hq * d)
 
 
 def _attention_self_check(lib: ctypes.CDLL) -> bool:

@@ -22,9 +22,11 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from slimspec.server.scheduler import Engine
+
 log = logging.getLogger(__name__)
 
-# 25 ms .. 10 s; dense between 50 ms and 5 s where the seed's alerts live.
+# 25 ms .. 10 s; dense between 50 ms and 5 s, where the chart's latency alerts are set.
 LATENCY_BUCKETS = (
     0.025,
     0.05,
@@ -176,7 +178,7 @@ class Metrics:
         self.compression_ratio.set(compression_ratio)
         self.quality_threshold.set(quality_threshold)
 
-    def observe_step(self, engine: Any, batch_size: int) -> None:
+    def observe_step(self, engine: Engine, batch_size: int) -> None:
         """Called on the scheduler thread after each engine step."""
         self.batch_size.observe(batch_size)
         stats = getattr(engine, "stats", None)
@@ -218,5 +220,5 @@ class Metrics:
         if isinstance(ratio, int | float):
             self.compression_ratio.set(ratio)
 
-    def forget_engine(self, engine: Any) -> None:
+    def forget_engine(self, engine: Engine) -> None:
         self._last.pop(id(engine), None)

@@ -21,13 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from slimspec.types import GenerationRequest, StepOutput
+from slimspec.decoding.types import GenerationRequest, StepOutput
 
 log = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
-    """The step-wise decoder interface the scheduler drives (see decoder.py)."""
+    """What the server runs: the step-wise decoder interface the scheduler drives
+    (SpeculativeDecoder, or the target-only baseline), and the tokenizer the routes
+    encode prompts with. Optional, looked up by name: warmup(), the runtime-setting
+    setters, compression_ratio and stats."""
+
+    tokenizer: Any
 
     def add_request(self, req: GenerationRequest) -> None: ...
     def cancel(self, request_id: str) -> None: ...
@@ -112,7 +117,7 @@ class Scheduler:
         self,
         engine: Engine,
         config: SchedulerConfig | None = None,
-        on_step: Callable[[Any, int, float], None] | None = None,
+        on_step: Callable[[Engine, int, float], None] | None = None,
         on_finish: Callable[[RequestHandle, StepOutput], None] | None = None,
         name: str = "slimspec-scheduler",
     ) -> None:

@@ -1,9 +1,9 @@
 """Sibling drafts: one verification also checks the draft's runner-up at each depth.
 
 Why: where the draft's top token is wrong, its second choice is often the target's
-token. Where a verification costs about the same for a few more tokens (a GPU; on the
-2-core CPU measured here it does not: 110 ms for 5 tokens, 142 ms for 9, so the
-decoder leaves this off by default), the runner-up at each of the first m depths
+token. Where a verification costs about the same for a few more tokens (a GPU; not
+the 2-core CPUs this was measured on, so the decoder leaves it off by default:
+docs/engine.md, benchmark section), the runner-up at each of the first m depths
 rides along as an extra leaf of a small tree: the chain x, c_1..c_k plus siblings
 s_1..s_m, where s_j sits at the position of c_j and sees x, c_1..c_{j-1} and
 itself, never c_j. When the chain breaks at depth j and s_j is the target's token
@@ -17,9 +17,11 @@ verify the plain chain. Pure decisions here; the decoder does the forwards.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from slimspec.sampling import verify_greedy
+from slimspec.decoding.sampling import verify_greedy
 
 
 def tree_attention(k: int, m: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -62,3 +64,17 @@ def verify_greedy_siblings(
     after_sibling = target_argmax[:, k + 1 :].gather(1, at).squeeze(1)
     hit = (num_acc < m) & (sibling == next_tok)
     return num_acc, hit, torch.where(hit, after_sibling, next_tok)
+
+
+def resolve_sibling_drafts(sibling_drafts: int | None) -> int:
+    """How many depths also verify the draft's runner-up; None reads
+    SLIMSPEC_SIBLING_DRAFTS, default 0 (it pays only where verifying a few more tokens is
+    nearly free, as on a GPU)."""
+    if sibling_drafts is None:
+        sibling_drafts = int(os.environ.get("SLIMSPEC_SIBLING_DRAFTS", "0"))
+    if not isinstance(sibling_drafts, int) or sibling_drafts < 0:
+        raise ValueError(
+            "sibling_drafts must be an int >= 0 or None (SLIMSPEC_SIBLING_DRAFTS, default 0), "
+            f"got {sibling_drafts!r}"
+        )
+    return sibling_drafts

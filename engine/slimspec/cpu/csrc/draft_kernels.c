@@ -1,18 +1,12 @@
 // Low-bit-weight x int8-activation matrix products for the draft (AVX512-VNNI), and
-// bf16-weight products (AVX512-BF16) for the unquantised "bf16-fused" draft.
-//
-// Why: on CPUs without AMX, aten's _weight_int4pack_mm_for_cpu dequantises every
-// weight to float before multiplying and runs compute-bound at ~16 GB/s of int4 with
-// 2 threads (a 0.5B draft's MLP: ~10 ms a token), and _weight_int8pack_mm costs ~100 us
-// a call for the small attention projections. Quantising the few activation rows to
-// int8 (one scale per group of 64, as llama.cpp's Q8 blocks) lets vpdpbusd multiply 64
-// unsigned weights by 64 signed activations in one instruction, so the product runs
-// at about the speed of reading the weights. For bf16 weights, oneDNN's bf16 matmul
-// reads ~14-19 GB/s at 1-4 rows here; vdpbf16ps on a weight stream reads ~25.
+// bf16-weight products (AVX512-BF16) for the unquantised "bf16-fused" draft. Why they
+// exist: native_kernels.py. The activation rows are quantised to int8 (one scale per
+// group of 64, as llama.cpp's Q8 blocks) so that vpdpbusd multiplies 64 unsigned
+// weights by 64 signed activations in one instruction.
 //
 // Weights: asymmetric groups of 64 inputs, w = u * scale + low with u in 0..15 (bits
 // = 4) or 0..255 (bits = 8); bits = 16: the bf16 weights themselves. Layout (built by
-// native_kernels.py), N a multiple of ROWS = 4: rows come in blocks of 4 stored group
+// native_format.py), N a multiple of ROWS = 4: rows come in blocks of 4 stored group
 // by group, so a block is one contiguous stream: wq[n / 4][g][n % 4] holds the group's
 // bytes (bits = 8: u[j]; bits = 4: 32 bytes, byte j = u[j] | u[j + 32] << 4; bits =
 // 16: 64 bf16); scale and low are [n / 4][g][n % 4] fp16 (half the bytes of float:
@@ -118,7 +112,7 @@ static void input_row(const uint16_t *x, int64_t m, int64_t k, int prologue,
 // Per row m and group g: xq (int8), xs = max|v| / 127 and xsum = xs * sum of xq (the
 // sum of the quantised activations, not of v: with asymmetric weights the low term
 // would otherwise add the activations' rounding error times the group's offset).
-// Rounding is to nearest even (the default MXCSR mode), as native_kernels.reference.
+// Rounding is to nearest even (the default MXCSR mode), as native_format.reference.
 static void quantize_rows(const uint16_t *x, int64_t m_rows, int64_t k, int prologue,
                           const uint16_t *norm_w, float eps, float *v, int8_t *xq, float *xs,
                           float *xsum) {
@@ -173,8 +167,7 @@ static inline __attribute__((always_inline)) void prefetch_group(const uint8_t *
 // int4: one 64-byte load holds two rows' group (32 bytes each), so the low nibbles
 // of rows r, r+1 meet activations 0..31 and the high nibbles 32..63 in two vpdpbusd
 // on one accumulator: lanes 0-7 sum row r, lanes 8-15 row r+1. That is half the
-// unpacking and float work per weight of one row per vector, which made the kernel
-// compute-bound at ~20 GB/s.
+// unpacking and float work per weight of one row per vector, which was compute-bound.
 static inline __attribute__((always_inline)) void block_int4(
     const uint8_t *wblk, const uint16_t *sblk, const uint16_t *lblk, int64_t n0, int64_t k,
     const int8_t *xq, const float *xs, const float *xsum, int64_t m0, const int64_t mc,
@@ -491,12 +484,12 @@ int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const
     return failed ? -1 : 0;
 }
 
-// ---- whole draft layers in two calls (draft_int8.FusedInt8Base._native_layers)
+// ---- whole draft layers in two calls (fused_draft.FusedDraftBase._native_layers)
 //
 // Why: one call per projection, plus RoPE, attention and the torch ops that move q, k
-// and v between them, cost ~70 us a layer in call overhead at one token; the layer's
-// matmuls themselves take ~400 us. The KV-cache update stays in torch between the two
-// halves (the decoder's batched cache with holes, kv.py).
+// and v between them, add call overhead that is a sizeable share of a layer at one
+// token. The KV-cache update stays in torch between the two halves (the decoder's
+// batched cache with holes, decoding/kv.py).
 
 // One projection's weights as native_kernels.NativeLowBitLinear holds them.
 typedef struct {

@@ -1,13 +1,12 @@
 """Small-query attention for the packed bf16 target on CPU, through the native kernel.
 
 Why: verification runs the target over k+1 <= 16 new tokens against a few hundred
-cached ones. On CPU, SDPA costs ~360 us a layer for 5 queries over 300 keys with the
-1.5B target's GQA (12 query heads on 2 KV heads, head_dim 128): ~10 ms of a ~170 ms
-verification over 28 layers. native_kernels.attention (float32 scores and softmax,
-the same kernel the fused drafts use) takes ~150 us; at one query 32 against 70 us.
+cached ones, where native_kernels.attention (float32 scores and softmax, the same
+kernel the fused drafts use) takes well under half of SDPA's time on CPU
+(measurements: docs/engine.md, benchmark section).
 
 It is registered as a transformers attention implementation and only used by the
-packed target (cpu_pack.pack_target), so the engine's target-only runs use it too.
+packed target (target_packing.pack_target), so the engine's target-only runs use it too.
 It hands everything it does not cover back to SDPA unchanged: fp32 (so the fp32
 exactness checks compare like with like), prefill (more than SMALL_QUERY queries),
 no mask on several queries, head sizes the kernel does not take, softcapping,
@@ -25,7 +24,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from slimspec import native_kernels
+from slimspec.cpu import native_kernels
 
 NAME = "slimspec_small_query"
 SMALL_QUERY = 16  # at most this many new tokens: the native kernel
@@ -57,8 +56,7 @@ def small_query_attention(
     b, hq, t, d = query.shape
     lib = native_kernels.load()
     unsupported = (
-        lib is None
-        or query.dtype != torch.bfloat16
+        query.dtype != torch.bfloat16
         or query.device.type != "cpu"
         or t > SMALL_QUERY
         or d % 16
@@ -68,8 +66,8 @@ def small_query_attention(
         or module.training
         or any(kwargs.get(name) is not None for name in ("softcap", "sliding_window", "s_aux"))
     )
-    allowed = None if unsupported else allowed_keys(attention_mask, t, key.shape[2])
-    if allowed is None:
+    allowed = None if lib is None or unsupported else allowed_keys(attention_mask, t, key.shape[2])
+    if lib is None or allowed is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slimspec import native_kernels
+from slimspec.cpu import native_kernels
 
 MAX_COMPRESSION_RATIO = 0.95
 
@@ -30,6 +30,18 @@ def check_ratio(ratio: float) -> float:
     if not (0.0 <= r <= MAX_COMPRESSION_RATIO):
         raise ValueError(f"compression_ratio must be in [0, {MAX_COMPRESSION_RATIO}], got {r}")
     return r
+
+
+def check_vocab_size(vocab_size: int | None) -> int | None:
+    """vocab_size = upper bound on how many tokens the draft head scores (None = no bound)."""
+    if vocab_size is None:
+        return None
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(
+            "vocab_size is an upper bound on the draft's scored vocabulary and must be "
+            f"a positive int, got {vocab_size!r}"
+        )
+    return vocab_size
 
 
 @dataclass(frozen=True)
@@ -96,9 +108,9 @@ class DraftHead:
         native kernels (native_kernels.py) where they run; returns whether it does.
 
         Why: for a quantised draft the subset head is the second-largest read of a draft
-        step (at ratio 0.9, 15k bf16 rows: 27 MB, ~1.7 ms a token against ~12 for the
-        int4 body); int8 rows halve it. The rows are blocked by 4, so every subset is a
-        prefix of the blocks and switching the ratio still refits nothing. Low-rank
+        step, and int8 rows halve it (figures: docs/engine.md, benchmark section). The
+        rows are blocked by 4, so every subset is a prefix of the blocks and switching
+        the ratio still refits nothing. Low-rank
         configurations and `full_logits` (the shadow check's reference) stay as they
         are. The draft samples from what it scores, so the output stays exact.
         """

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from slimspec.head import HeadConfig, check_ratio, subset_size_for_ratio
+from slimspec.draft_head.head import DraftHead, HeadConfig, check_ratio, subset_size_for_ratio
 
 ARTIFACT_DIRNAME = "slimspec-calibration"
 FORMAT_VERSION = 1
@@ -175,3 +175,33 @@ def quick_ranking(vocab: int, tokenizer: Any = None, max_chars: int = 300_000) -
         return torch.arange(vocab, dtype=torch.long)
     ids = tokenizer(stdlib_text(max_chars, stride=7), add_special_tokens=False)["input_ids"]
     return ranking_from_counts(Counter(ids), vocab, special_token_ids(tokenizer))
+
+
+def resolve_artifact(
+    calibration: str | Path | CalibrationArtifact | None, vocab: int
+) -> CalibrationArtifact | None:
+    """The artifact a decoder option names (a directory, or the artifact itself), checked
+    against the draft head's `vocab` rows."""
+    art = load_artifact(calibration) if isinstance(calibration, (str, Path)) else calibration
+    if art is not None and art.vocab != vocab:
+        raise ValueError(
+            f"calibration artifact ranks {art.vocab} tokens, the draft head has {vocab}"
+        )
+    return art
+
+
+def draft_head_for(
+    lm_head: Any, art: CalibrationArtifact | None, tokenizer: Any = None
+) -> DraftHead:
+    """The compressed head of a draft's LM head: ranked and factored by the artifact, or
+    by quick_ranking (subsets only) without one."""
+    weight = lm_head.weight.detach()
+    ranking = art.ranking if art is not None else quick_ranking(weight.shape[0], tokenizer)
+    bias = getattr(lm_head, "bias", None)
+    return DraftHead(
+        weight,
+        ranking,
+        a=art.a if art is not None else None,
+        b=art.b if art is not None else None,
+        bias=bias.detach() if bias is not None else None,
+    )

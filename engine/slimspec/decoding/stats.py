@@ -6,7 +6,7 @@ import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from slimspec.types import RequestStats
+from slimspec.decoding.types import RequestStats
 
 
 def add_per_position(acc: list[int], counts: list[int] | int, upto: int | None = None) -> None:

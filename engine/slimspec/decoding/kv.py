@@ -10,6 +10,8 @@ each row's valid slots to the right and drops the empty columns.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -64,13 +66,14 @@ class BatchKV:
     def _layers(self) -> list[DynamicLayer]:
         if self.cache is None:
             return []
-        layers = self.cache.layers
-        for layer in layers:
+        layers: list[DynamicLayer] = []
+        for layer in self.cache.layers:
             if type(layer) is not DynamicLayer:
                 raise NotImplementedError(
                     "only full-attention models are supported by the batched cache, "
                     f"got {type(layer).__name__}"
                 )
+            layers.append(layer)
         return layers
 
     def mask_for(
@@ -86,8 +89,9 @@ class BatchKV:
         self.valid = torch.cat([self.valid, new_valid.to(torch.bool)], dim=1)
         expected = self.length
         for layer in self._layers():
-            if layer.keys.shape[-2] != expected:
-                raise RuntimeError(f"cache length {layer.keys.shape[-2]} != mask length {expected}")
+            keys, _ = _filled(layer)
+            if keys.shape[-2] != expected:
+                raise RuntimeError(f"cache length {keys.shape[-2]} != mask length {expected}")
 
     def invalidate(self, slots: torch.Tensor) -> None:
         """Mark slots invalid: slots (B, L) bool, True = roll back."""
@@ -109,8 +113,9 @@ class BatchKV:
         idx = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
         self.valid = self.valid.index_select(0, idx)
         for layer in self._layers():
-            layer.keys = layer.keys.index_select(0, idx)
-            layer.values = layer.values.index_select(0, idx)
+            keys, values = _filled(layer)
+            layer.keys = keys.index_select(0, idx)
+            layer.values = values.index_select(0, idx)
         if not rows:
             self.cache = None
             self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.valid.device)
@@ -129,8 +134,9 @@ class BatchKV:
             return
         self.valid = self.valid[:, first:]
         for layer in self._layers():
-            layer.keys = layer.keys[:, :, first:]
-            layer.values = layer.values[:, :, first:]
+            keys, values = _filled(layer)
+            layer.keys = keys[:, :, first:]
+            layer.values = values[:, :, first:]
 
     def compact(self) -> None:
         """Move each row's valid slots to the right end (order kept) and drop empty columns."""
@@ -142,12 +148,11 @@ class BatchKV:
         order = torch.sort(self.valid.int(), dim=1, stable=True).indices[:, self.length - new_len :]
         self.valid = self.valid.gather(1, order)
         for layer in self._layers():
-            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys = layer.keys.gather(2, idx)
-            idx_v = order[:, None, :, None].expand(
-                -1, layer.values.shape[1], -1, layer.values.shape[-1]
-            )
-            layer.values = layer.values.gather(2, idx_v)
+            keys, values = _filled(layer)
+            idx = order[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+            layer.keys = keys.gather(2, idx)
+            idx_v = order[:, None, :, None].expand(-1, values.shape[1], -1, values.shape[-1])
+            layer.values = values.gather(2, idx_v)
 
     def maybe_compact(self, min_holes: int = 16, fraction: float = 0.25) -> bool:
         if self.length == 0:
@@ -175,8 +180,9 @@ class BatchKV:
                 "both caches must hold at least one slot (prefill pads empty prompts with a hole)"
             )
         for a, b in zip(mine, theirs, strict=False):
-            a.keys = torch.cat([a.keys, b.keys], dim=0)
-            a.values = torch.cat([a.values, b.values], dim=0)
+            (a_keys, a_values), (b_keys, b_values) = _filled(a), _filled(b)
+            a.keys = torch.cat([a_keys, b_keys], dim=0)
+            a.values = torch.cat([a_values, b_values], dim=0)
 
     def _pad_left(self, length: int) -> None:
         pad = length - self.length
@@ -190,8 +196,39 @@ class BatchKV:
             dim=1,
         )
         for layer in self._layers():
-            k, v = layer.keys, layer.values
+            k, v = _filled(layer)
             layer.keys = torch.cat([k.new_zeros(k.shape[0], k.shape[1], pad, k.shape[3]), k], dim=2)
             layer.values = torch.cat(
                 [v.new_zeros(v.shape[0], v.shape[1], pad, v.shape[3]), v], dim=2
             )
+
+
+def _filled(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache layer's keys and values (B, heads, L, d); every layer holds them once a
+    forward has run."""
+    if layer.keys is None or layer.values is None:
+        raise RuntimeError("a KV-cache layer holds no keys/values yet")
+    return layer.keys, layer.values
+
+
+def forward(
+    base: Any,
+    kv: BatchKV,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    real: torch.Tensor,
+    new_allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run a model's decoder stack over q new slots of every row against `kv`, which is
+    updated in place; returns the last hidden states (B, q, d).
+
+    ids, pos, real: (B, q) token ids, position ids, and which slots are real tokens (the
+    rest become holes); new_allowed: (q, q) which new slots may see each other (causal
+    by default).
+    """
+    dtype = base.get_input_embeddings().weight.dtype
+    mask = kv.mask_for(real, dtype, new_allowed)
+    cache = kv.cache if kv.cache is not None else DynamicCache(config=base.config)
+    out = base(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    kv.after_forward(cache, real)
+    return out.last_hidden_state

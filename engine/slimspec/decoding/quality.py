@@ -13,9 +13,14 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 FALLBACK_STRATEGIES = ("auto", "none")
 REASON_QUALITY = "kept_acceptance_below_threshold"
+RATIO_LADDER = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # fallback steps
 
 
 def check_threshold(threshold: float) -> float:
@@ -99,3 +104,44 @@ class QualityMonitor:
             c = sum(s.compressed_match for s in self._window)
             f = sum(s.full_match for s in self._window)
         return kept_share(c, f)
+
+
+class ShadowCheck:
+    """The decoder's shadow check: on which steps to also score the full head, and
+    what the samples say about the ratio in force."""
+
+    def __init__(self, every: int = 8, min_samples: int = 64, window: int = 256) -> None:
+        self.every = every
+        self.min_samples = min_samples
+        self.monitor = QualityMonitor(window)
+        self._steps = 0
+
+    def due(self, k: int, ratio: float) -> bool:
+        """Count a step; True when it should shadow (drafting, compressed, every `every`)."""
+        self._steps += 1
+        return k > 0 and ratio > 0 and self.every > 0 and self._steps % self.every == 0
+
+    def check(
+        self,
+        compressed: Tensor,
+        full: Tensor,
+        target: Tensor,
+        threshold: float,
+        strategy: str,
+        ratio: float,
+    ) -> tuple[float, float | None]:
+        """Record a step's samples, (B, k) argmaxes of the compressed head, the full head
+        and the target at the verified positions. Returns the kept share over the window
+        and the ratio to fall back to, if any (the window then starts anew)."""
+        c = (compressed == target).flatten().tolist()
+        f = (full == target).flatten().tolist()
+        for cm, fm in zip(c, f, strict=True):
+            self.monitor.add(bool(cm), bool(fm))
+        kept = self.monitor.kept
+        ladder = sorted({*RATIO_LADDER, ratio})
+        new = fallback_decision(
+            kept, self.monitor.samples, threshold, strategy, ratio, ladder, self.min_samples
+        )
+        if new is not None:
+            self.monitor.reset()
+        return kept, new

@@ -1,0 +1,1 @@
+"""CPU acceleration: native kernels, the fused and quantised drafts, the packed target."""

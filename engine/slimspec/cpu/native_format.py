@@ -1,0 +1,82 @@
+"""The native kernels' weight format, and float32 references of what they compute.
+
+Weights are asymmetric groups of GROUP inputs (w ~= u * scale + low, u in 0..2^bits-1),
+stored in blocks of ROWS rows so that every thread reads one contiguous stream
+(csrc/draft_kernels.c describes the bytes). The references are the self-checks'
+and tests' ground truth, not fallbacks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GROUP = 64  # inputs per quantisation group (weights and activations)
+ROWS = 4  # weight rows per block in the kernel's layout
+QUANT_BITS = (4, 8)  # quantised weights
+
+
+def quantize(
+    weight: torch.Tensor, bits: int, group: int = GROUP
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric groups along K: (u uint8 (N, K) in 0..2^bits-1, scale, low (N, K/group))
+    with w ~= u * scale + low. scale and low are values of float16 (the kernel stores
+    them so), and u is rounded against those."""
+    if bits not in QUANT_BITS:
+        raise ValueError(f"quantize takes bits in {QUANT_BITS}, got {bits}")
+    w = weight.detach().float()
+    n, k = w.shape
+    top = float(2**bits - 1)
+    wg = w.view(n, k // group, group)
+    low, high = wg.amin(dim=-1), wg.amax(dim=-1)
+    scale = ((high - low) / top).clamp_min(1e-7).half().float()
+    low = low.half().float()
+    u = torch.round((wg - low[..., None]) / scale[..., None]).clamp(0, top).to(torch.uint8)
+    return u.view(n, k), scale, low
+
+
+def blocked(t: torch.Tensor) -> torch.Tensor:
+    """(N, G, ...) -> (N/4, G, 4, ...), contiguous: the kernel reads 4 rows' group g
+    together."""
+    n = t.shape[0]
+    return t.reshape(n // ROWS, ROWS, *t.shape[1:]).transpose(1, 2).contiguous()
+
+
+def pack(u: torch.Tensor, bits: int, group: int = GROUP) -> torch.Tensor:
+    """(N, K) weights in 0..2^bits-1 -> the kernel's bytes, blocked by 4 rows; for 4
+    bits, byte j of a group holds u[j] | u[j + 32] << 4."""
+    n, k = u.shape
+    g = u.view(n, k // group, group)
+    if bits == 4:
+        g = g[..., : group // 2] | (g[..., group // 2 :] << 4)
+    return blocked(g)
+
+
+def reference(
+    x: torch.Tensor, u: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int = GROUP
+) -> torch.Tensor:
+    """What the kernel computes, in float32: activations quantised to int8 per group
+    (x * (1 / scale), rounded half to even, as the C code) times the dequantised weights.
+    The check for the kernel, not a fallback."""
+    xf = x.float()
+    m, k = xf.shape
+    xg = xf.view(m, k // group, group)
+    xs = xg.abs().amax(dim=-1) / 127.0
+    inv = torch.where(xs > 0, 1.0 / xs, torch.zeros_like(xs))
+    x_deq = (torch.round(xg * inv[..., None]) * xs[..., None]).view(m, k)
+    n = u.shape[0]
+    w_deq = (u.float().view(n, k // group, group) * scale[..., None] + low[..., None]).view(n, k)
+    return x_deq @ w_deq.T
+
+
+def attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Float32 grouped-query attention: q (B, Hq, T, d), k/v (B, Hkv, L, d), allowed
+    (B, T, L) -> (B, T, Hq*d)."""
+    b, hq, t, d = q.shape
+    rep = hq // k.shape[1]
+    kf = k.float().repeat_interleave(rep, dim=1)
+    vf = v.float().repeat_interleave(rep, dim=1)
+    scores = (q.float() @ kf.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~allowed.unsqueeze(1), float("-inf"))
+    return (scores.softmax(-1) @ vf).transpose(1, 2).reshape(b, t, hq * d)

@@ -1,0 +1,2 @@
+"""Decoding: the speculative decoder and the pieces of its loop (draft, verify, sampling,
+KV caches, adaptive k, quality control, statistics)."""

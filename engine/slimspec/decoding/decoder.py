@@ -1,0 +1,399 @@
+"""SpeculativeDecoder: exact speculative decoding with a compressed draft head, batched
+and step-wise.
+
+Per step, for all active rows at once (`_speculate`):
+  1. draft k tokens with the (compressed) draft head, one draft forward each (drafting.py);
+  2. verify them with one target forward over k+1 tokens (verification.py);
+  3. keep the accepted prefix plus one target token (sampling.py decides);
+  4. roll back rejected cache slots by marking them holes (kv.py).
+
+Greedy output equals the target's own greedy decoding; sampled output follows the
+target's warped distribution exactly (q = what the draft sampled from, over the full
+vocabulary, zero outside the head's subset). Exactness is tested in fp32.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimspec.cpu.draft_quantization import AUTO, FUSED_LOW_BIT, quantize_draft, resolve_auto
+from slimspec.cpu.target_packing import maybe_pack_target
+from slimspec.decoding.adaptive import CostModel, choose_batch_k
+from slimspec.decoding.drafting import HeadDrafter, Proposal
+from slimspec.decoding.quality import REASON_QUALITY, ShadowCheck
+from slimspec.decoding.rows import RowBatch
+from slimspec.decoding.settings import DecoderSettings, StepSettings
+from slimspec.decoding.siblings import resolve_sibling_drafts
+from slimspec.decoding.stats import DecoderStats
+from slimspec.decoding.types import GenerationRequest, GenerationResult, SamplingParams, StepOutput
+from slimspec.decoding.verification import TargetVerifier, Verdict
+from slimspec.draft_head.artifact import (
+    CalibrationArtifact,
+    draft_head_for,
+    find_artifact,
+    resolve_artifact,
+)
+from slimspec.draft_head.head import HeadConfig, check_ratio, check_vocab_size
+from slimspec.weights.loading import (
+    check_draft_vocabulary,
+    check_same_vocabulary,
+    load_causal_lm,
+    resolve_device,
+    resolve_model_path,
+    torch_dtype,
+)
+from slimspec.weights.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+class SpeculativeDecoder:
+    """Exact speculative decoding with a compressed draft head.
+
+    SpeculativeDecoder(small_model_path=..., compression_ratio=0.3, vocab_size=100000)
+    loads the draft from small_model_path and the target from MODEL_PATH (or the
+    registry default); from_pretrained and from_models name both. vocab_size caps how
+    many tokens the draft head scores.
+    """
+
+    def __init__(
+        self,
+        small_model_path: str | None = None,
+        compression_ratio: float = 0.3,
+        vocab_size: int | None = None,
+        *,
+        target_model_path: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        **options: Any,
+    ) -> None:
+        check_ratio(compression_ratio)
+        check_vocab_size(vocab_size)
+        dt = torch_dtype(dtype or os.environ.get("SLIMSPEC_DTYPE", "bfloat16"))
+        dev = resolve_device(device or os.environ.get("SLIMSPEC_DEVICE", "auto"))
+        target_path = target_model_path or os.environ.get("MODEL_PATH") or DEFAULT_TARGET
+        draft_path = small_model_path or os.environ.get("DRAFT_MODEL_PATH") or DEFAULT_DRAFT
+        target, tok = load_causal_lm(target_path, dtype=dt, device=dev)
+        draft, dtok = load_causal_lm(draft_path, dtype=dt, device=dev)
+        check_same_vocabulary(tok, dtok)
+        calibration = options.pop("calibration", None)
+        if calibration is None:
+            calibration = find_artifact(resolve_model_path(draft_path))
+        self._setup(
+            target,
+            draft,
+            tok,
+            compression_ratio=compression_ratio,
+            vocab_size=vocab_size,
+            calibration=calibration,
+            names=(str(target_path), str(draft_path)),
+            **options,
+        )
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str | None = None,
+        draft: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        compression_ratio: float = 0.3,
+        num_draft_tokens: int | None = None,
+        **options: Any,
+    ) -> SpeculativeDecoder:
+        return cls(
+            small_model_path=draft,
+            compression_ratio=compression_ratio,
+            target_model_path=target,
+            dtype=dtype,
+            device=device,
+            num_draft_tokens=num_draft_tokens,
+            **options,
+        )
+
+    @classmethod
+    def from_models(
+        cls,
+        target_model: Any,
+        draft_model: Any,
+        tokenizer: Any = None,
+        *,
+        compression_ratio: float = 0.3,
+        num_draft_tokens: int | None = None,
+        **options: Any,
+    ) -> SpeculativeDecoder:
+        self = cls.__new__(cls)
+        self._setup(
+            target_model,
+            draft_model,
+            tokenizer,
+            compression_ratio=compression_ratio,
+            num_draft_tokens=num_draft_tokens,
+            **options,
+        )
+        return self
+
+    def _setup(
+        self,
+        target: Any,
+        draft: Any,
+        tokenizer: Any,
+        *,
+        compression_ratio: float = 0.3,
+        vocab_size: int | None = None,
+        num_draft_tokens: int | None = None,
+        max_draft_tokens: int = 8,
+        quality_threshold: float = 0.95,
+        fallback_strategy: str = "auto",
+        calibration: str | Path | CalibrationArtifact | None = None,
+        draft_quantization: str | None = AUTO,
+        pack_target: bool | None = None,
+        sibling_drafts: int | None = None,
+        shadow_every: int = 8,
+        prefill_batch: int = 8,
+        adaptive_skip: bool = True,
+        shadow_min_samples: int = 64,
+        shadow_window: int = 256,
+        names: tuple[str, str] = ("target", "draft"),
+    ) -> None:
+        self._settings = DecoderSettings(
+            compression_ratio,
+            quality_threshold,
+            fallback_strategy,
+            num_draft_tokens,
+            max_draft_tokens,
+        )
+        vocab_cap = check_vocab_size(vocab_size)
+        siblings = resolve_sibling_drafts(sibling_drafts)
+        self.target, self.draft = target.eval(), draft.eval()
+        self.tokenizer, self.names = tokenizer, names
+        self.device = self.target.get_output_embeddings().weight.device
+        draft_vocab = check_draft_vocabulary(self.target, self.draft, tokenizer)
+        self.calibration = resolve_artifact(calibration, draft_vocab)
+        self.head = draft_head_for(self.draft.get_output_embeddings(), self.calibration, tokenizer)
+        if draft_quantization == AUTO:
+            draft_quantization = resolve_auto(self.draft, self.device)
+        self.draft_quantization = draft_quantization
+        # Multi-token verification at one-token cost on CPU (cpu/target_packing.py).
+        self.target_packed = maybe_pack_target(self.target, pack_target)
+        if draft_quantization is not None:
+            self.draft = quantize_draft(self.draft, draft_quantization)
+            if draft_quantization in FUSED_LOW_BIT:
+                self.head.use_low_bit(8)  # the subset head's rows in int8 too, where native
+        self.adaptive_skip = adaptive_skip
+        self.stats = DecoderStats()
+        self._shadow = ShadowCheck(shadow_every, shadow_min_samples, shadow_window)
+        self._cost = CostModel()
+        self._verifier = TargetVerifier(self.target, self._clock)
+        self._drafter = HeadDrafter(
+            self.draft, self.head, self.calibration, vocab_cap, siblings, self._clock
+        )
+        max_positions = getattr(
+            self.target.config.get_text_config(), "max_position_embeddings", None
+        )
+        self._batch = RowBatch(
+            self._verifier.base, self._drafter.base, self.device, max_positions, prefill_batch
+        )
+        self._step_lock = threading.Lock()
+
+    # ----------------------------------------------------------------- settings
+    @property
+    def compression_ratio(self) -> float:
+        """The ratio in force (may be below the requested one after a quality fallback)."""
+        return self._settings.ratio
+
+    @property
+    def requested_compression_ratio(self) -> float:
+        return self._settings.requested_ratio
+
+    def set_compression_ratio(self, ratio: float) -> None:
+        """Request a ratio from the next draft step on (re-sending the requested ratio is
+        a no-op, so it does not undo a quality fallback)."""
+        if self._settings.request_ratio(ratio):
+            self._shadow.monitor.reset()
+
+    @property
+    def quality_threshold(self) -> float:
+        return self._settings.threshold
+
+    def set_quality_threshold(self, threshold: float) -> None:
+        self._settings.set_threshold(threshold)
+
+    @property
+    def fallback_strategy(self) -> str:
+        return self._settings.strategy
+
+    def set_fallback_strategy(self, strategy: str) -> None:
+        self._settings.set_strategy(strategy)
+
+    @property
+    def num_draft_tokens(self) -> int | None:
+        return self._settings.fixed_k
+
+    def set_num_draft_tokens(self, k: int | None) -> None:
+        self._settings.set_num_draft_tokens(k)
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self._settings.max_draft_tokens
+
+    @property
+    def sibling_drafts(self) -> int:
+        return self._drafter.sibling_drafts
+
+    @property
+    def target_vocab(self) -> int:
+        return self._verifier.vocab
+
+    def head_config(self, ratio: float | None = None) -> HeadConfig:
+        """The concrete head used at a ratio (the ratio in force by default)."""
+        r = self._settings.ratio if ratio is None else check_ratio(ratio)
+        return self._drafter.head_config(r)
+
+    # ----------------------------------------------------------------- request API
+    def add_request(self, req: GenerationRequest) -> None:
+        self._batch.add(req, self._verifier.vocab)
+
+    def cancel(self, request_id: str) -> None:
+        self._batch.cancel(request_id)
+
+    def has_work(self) -> bool:
+        return self._batch.has_work()
+
+    @property
+    def active_requests(self) -> int:
+        return len(self._batch.rows)
+
+    def pop_result(self, request_id: str) -> GenerationResult | None:
+        """The full result (with stats) of a finished request, once."""
+        return self._batch.results.pop(request_id, None)
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        max_new_tokens: int = 64,
+        sampling: SamplingParams | None = None,
+        stop_token_ids: frozenset[int] | set[int] | list[int] | None = None,
+        request_id: str = "generate",
+    ) -> GenerationResult:
+        ids = self.encode(prompt)
+        stops = self._default_stops() if stop_token_ids is None else frozenset(stop_token_ids)
+        req = GenerationRequest(
+            request_id, ids, max_new_tokens, sampling or SamplingParams(), stops
+        )
+        return self.generate_batch([req])[0]
+
+    def generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
+        """Decode these requests together until all finish (not while step() runs elsewhere)."""
+        if self.has_work():
+            raise RuntimeError(
+                "generate/generate_batch need an idle decoder (requests are running via step())"
+            )
+        for r in reqs:
+            self.add_request(r)
+        while self.has_work():
+            self.step()
+        return [self._batch.results.pop(r.request_id) for r in reqs]
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this decoder has no tokenizer: pass token ids")
+            return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        return list(prompt)
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise ValueError("this decoder has no tokenizer")
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _default_stops(self) -> frozenset[int]:
+        eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
+        return frozenset([eos]) if isinstance(eos, int) else frozenset()
+
+    def warmup(self, tokens: int = 8) -> None:
+        """Run a short generation so first requests do not pay one-off costs."""
+        if self.has_work():
+            return
+        prompt = [int(t) for t in self.head.ranking[:4].tolist()]
+        greedy = GenerationRequest("__warmup__", prompt, tokens, SamplingParams(), frozenset())
+        sampled = SamplingParams(temperature=1.0, seed=0)
+        self.generate_batch([greedy])
+        self.generate_batch([GenerationRequest("__warmup2__", prompt, 4, sampled, frozenset())])
+        self.stats = DecoderStats()
+
+    # ----------------------------------------------------------------- the step
+    def step(self) -> list[StepOutput]:
+        with self._step_lock, torch.inference_mode():
+            outputs = self._batch.admit(self.stats)
+            if self._batch.rows:
+                outputs.extend(self._speculate())
+            return outputs
+
+    def _speculate(self) -> list[StepOutput]:
+        """One draft-verify-accept step for every active row."""
+        batch, s = self._batch, self._settings.snapshot()
+        rows, sampling = batch.rows, batch.sampling()
+        k = self._choose_k(s, sampling.all_greedy)
+        shadow = self._shadow.due(k, s.ratio)
+        k = batch.fit_context(k)
+        proposal = self._drafter.propose(batch, k, sampling, s.ratio, shadow)
+        verdict = self._verifier.verify(batch, proposal, sampling, want_argmax=shadow)
+        self._verifier.keep_accepted(batch, proposal, verdict)
+        self._drafter.keep_accepted(batch, proposal, verdict.num_accepted)
+        verified = len(rows) * (k + 1 + proposal.siblings.shape[1])
+        self._cost.observe(
+            proposal.seconds, verdict.seconds, k, proposal.catch_up_s, verified, len(rows)
+        )
+        if shadow:
+            self._shadow_check(proposal, verdict, s)
+        outcomes = verdict.outcomes(proposal)
+        return batch.advance(outcomes, k, proposal.seconds, verdict.seconds, self.stats)
+
+    def _choose_k(self, s: StepSettings, all_greedy: bool) -> int:
+        """The step's k: fixed, or adaptive. k = 0 (a plain target step) only for
+        all-greedy batches: sampling rows must draft so their seeded randomness stays
+        schedule-independent."""
+        if s.fixed_k is not None:
+            return s.fixed_k
+        rows = self._batch.rows
+        k = choose_batch_k(
+            [r.est.alpha for r in rows],
+            [r.idle_steps for r in rows],
+            self._cost.relative_costs(len(rows)),
+            0 if (all_greedy and self.adaptive_skip) else 1,
+            s.max_draft_tokens,
+        )
+        self._batch.count_idle(k)
+        return k
+
+    def _shadow_check(self, proposal: Proposal, verdict: Verdict, s: StepSettings) -> None:
+        """Score the full head on this step's draft positions (one call for all k, after
+        the timed phases) and let the quality check lower the ratio."""
+        if verdict.target_argmax is None:
+            return
+        full = self.head.full_argmax(torch.stack(proposal.shadow_hidden, dim=1))
+        kept, new = self._shadow.check(
+            torch.stack(proposal.shadow_argmax, dim=1),
+            full,
+            verdict.target_argmax[:, : proposal.k],
+            s.threshold,
+            s.strategy,
+            s.ratio,
+        )
+        self.stats.kept_acceptance = kept
+        self.stats.shadow_samples = self._shadow.monitor.total_samples
+        if new is not None:
+            self._settings.fall_back(s.ratio, new)
+            self.stats.record_fallback(REASON_QUALITY)
+
+    def _clock(self) -> float:
+        """Seconds, once the device has finished its queued work (phase timing)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()

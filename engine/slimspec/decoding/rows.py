@@ -1,0 +1,279 @@
+"""The rows of the batch: admission, prefill, padding, appending tokens, results.
+
+Invariants per row: the target cache holds seq[:-1] (the last token is always the
+first input of the next verification); the draft cache holds seq[:draft_seen].
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slimspec.decoding.adaptive import AcceptanceEstimate
+from slimspec.decoding.kv import BatchKV, forward
+from slimspec.decoding.sampling import BatchSampling
+from slimspec.decoding.stats import DecoderStats, record_request_verification
+from slimspec.decoding.types import GenerationRequest, GenerationResult, RequestStats, StepOutput
+
+
+@dataclass
+class Row:
+    req: GenerationRequest
+    seq: list[int]
+    n_prompt: int
+    draft_seen: int
+    stats: RequestStats = field(default_factory=RequestStats)
+    seed: int | None = None  # sampling rows only; randomness is keyed by (seed, position)
+    est: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    idle_steps: int = 0  # consecutive k = 0 steps (adaptive skip)
+
+    @classmethod
+    def unstarted(cls, req: GenerationRequest) -> Row:
+        """A request that finishes before it joins the batch (cancelled, or no tokens)."""
+        return cls(req, list(req.prompt_ids), len(req.prompt_ids), 0)
+
+    @property
+    def output(self) -> list[int]:
+        return self.seq[self.n_prompt :]
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    """What one verification gives a row: the tokens to emit, how many drafts the target
+    accepted, and whether the sibling at the break was accepted too."""
+
+    emitted: list[int]
+    accepted: int
+    sibling_hit: bool
+
+
+def right_aligned(
+    seqs: Sequence[Sequence[int]], starts: Sequence[int], min_width: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, positions, real) (B, width) for token runs of different lengths, right-aligned.
+
+    Row i's tokens sit at positions starts[i], starts[i] + 1, ...; the left padding
+    (position starts[i]) is marked not real, so it becomes holes that cost compute but
+    never influence attention.
+    """
+    width = max(min_width, max(len(s) for s in seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    pos = torch.zeros(len(seqs), width, dtype=torch.long)
+    real = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for i, (toks, start) in enumerate(zip(seqs, starts, strict=True)):
+        m = len(toks)
+        pos[i, :] = start
+        if m:
+            ids[i, width - m :] = torch.tensor(list(toks))
+            pos[i, width - m :] = torch.arange(start, start + m)
+            real[i, width - m :] = True
+    return ids, pos, real
+
+
+class RowBatch:
+    """The requests being decoded together, and the target's and draft's KV caches.
+
+    Requests queue from any thread (add, cancel); the step thread admits them (admit),
+    advances the rows after each verification (advance) and keeps the results until
+    they are popped.
+    """
+
+    def __init__(
+        self,
+        target_base: Any,
+        draft_base: Any,
+        device: torch.device,
+        max_positions: int | None,
+        prefill_batch: int,
+    ) -> None:
+        self.rows: list[Row] = []
+        self.target_kv = BatchKV(device)
+        self.draft_kv = BatchKV(device)
+        self.results: dict[str, GenerationResult] = {}
+        self.device = device
+        self.max_positions = max_positions
+        self._target_base, self._draft_base = target_base, draft_base
+        self._prefill_batch = prefill_batch
+        self._queue_lock = threading.Lock()
+        self._pending: deque[GenerationRequest] = deque()
+        self._cancelled: set[str] = set()
+
+    # ----------------------------------------------------------------- any thread
+    def add(self, req: GenerationRequest, vocab: int) -> None:
+        """Queue a request (it joins at the next step); ValueError for one that cannot run."""
+        if not req.prompt_ids:
+            raise ValueError(f"request {req.request_id}: empty prompt")
+        if req.max_new_tokens < 0:
+            raise ValueError(f"request {req.request_id}: max_new_tokens must be >= 0")
+        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {req.request_id}: token ids out of range: {bad[:5]}")
+        with self._queue_lock:
+            self._pending.append(req)
+
+    def cancel(self, request_id: str) -> None:
+        with self._queue_lock:
+            self._cancelled.add(request_id)
+
+    def has_work(self) -> bool:
+        with self._queue_lock:
+            return bool(self.rows or self._pending)
+
+    # ----------------------------------------------------------------- step thread
+    def admit(self, stats: DecoderStats) -> list[StepOutput]:
+        """Apply cancellations, then prefill the queued requests and add them as rows."""
+        outputs: list[StepOutput] = []
+        with self._queue_lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            new = [r for r in self._pending if r.request_id not in cancelled]
+            dropped = [r for r in self._pending if r.request_id in cancelled]
+            self._pending.clear()
+        for req in dropped:
+            outputs.append(StepOutput(req.request_id, [], True, "cancelled"))
+            self._finish(Row.unstarted(req), "cancelled", stats)
+        if cancelled:
+            keep = [i for i, row in enumerate(self.rows) if row.req.request_id not in cancelled]
+            for row in self.rows:
+                if row.req.request_id in cancelled:
+                    outputs.append(StepOutput(row.req.request_id, [], True, "cancelled"))
+                    self._finish(row, "cancelled", stats)
+            self._keep(keep)
+        todo: list[GenerationRequest] = []
+        for req in new:
+            if req.max_new_tokens == 0:
+                outputs.append(StepOutput(req.request_id, [], True, "length"))
+                self._finish(
+                    Row(req, list(req.prompt_ids), len(req.prompt_ids), 0), "length", stats
+                )
+            else:
+                todo.append(req)
+        todo.sort(key=lambda r: len(r.prompt_ids))  # similar lengths together: less padding
+        for i in range(0, len(todo), self._prefill_batch):
+            self._prefill(todo[i : i + self._prefill_batch], stats)
+        return outputs
+
+    def _prefill(self, reqs: list[GenerationRequest], stats: DecoderStats) -> None:
+        """Prefill prompt[:-1] of several requests in one forward per model, then join the
+        batch (a one-token prompt gets a single hole slot)."""
+        t0 = time.perf_counter()
+        prompts = [list(r.prompt_ids) for r in reqs]
+        ids, pos, real = (
+            t.to(self.device) for t in right_aligned([p[:-1] for p in prompts], [0] * len(prompts))
+        )
+        kv_t, kv_d = BatchKV(self.device), BatchKV(self.device)
+        forward(self._target_base, kv_t, ids, pos, real)
+        forward(self._draft_base, kv_d, ids, pos, real)
+        self.target_kv.append_rows(kv_t)
+        self.draft_kv.append_rows(kv_d)
+        elapsed = time.perf_counter() - t0
+        stats.prefill_time_s += elapsed
+        for req, p in zip(reqs, prompts, strict=True):
+            seed = None
+            if not req.sampling.greedy:
+                seed = req.sampling.seed
+                if seed is None:
+                    seed = int.from_bytes(os.urandom(8), "little")
+            row = Row(req, p, len(p), draft_seen=len(p) - 1, seed=seed)
+            row.stats.prefill_time_s = elapsed
+            self.rows.append(row)
+
+    def draft_backlog(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids, positions, real) on the device: the tokens each row's draft cache has not
+        seen yet, seq[draft_seen:], right-aligned."""
+        pending = [r.seq[r.draft_seen :] for r in self.rows]
+        starts = [r.draft_seen for r in self.rows]
+        ids, pos, real = right_aligned(pending, starts)
+        return ids.to(self.device), pos.to(self.device), real.to(self.device)
+
+    def sampling(self) -> BatchSampling:
+        """How the rows choose tokens this step: their parameters, seeds and positions."""
+        return BatchSampling.for_rows(
+            [r.req.sampling for r in self.rows],
+            [r.seed for r in self.rows],
+            [len(r.seq) for r in self.rows],
+            self.device,
+        )
+
+    def last_positions(self) -> torch.Tensor:
+        """(B,) the position of each row's last token (the next verification's first input)."""
+        return torch.tensor([len(r.seq) - 1 for r in self.rows], device=self.device)
+
+    def fit_context(self, k: int) -> int:
+        """Shrink k so no row passes the target's positions (k = 0 stays 0)."""
+        if self.max_positions and k > 0:
+            room = min(self.max_positions - len(r.seq) for r in self.rows)
+            k = max(1, min(k, room - 1))
+        return k
+
+    def count_idle(self, k: int) -> None:
+        for r in self.rows:
+            r.idle_steps = r.idle_steps + 1 if k == 0 else 0
+
+    def advance(
+        self,
+        outcomes: Sequence[RowOutcome],
+        k: int,
+        draft_s: float,
+        target_s: float,
+        stats: DecoderStats,
+    ) -> list[StepOutput]:
+        """Append each row's emitted tokens, record the step, retire finished rows."""
+        outputs: list[StepOutput] = []
+        keep: list[int] = []
+        for i, (r, o) in enumerate(zip(self.rows, outcomes, strict=True)):
+            if k > 0:
+                r.est.update(o.accepted, k)
+            credited = o.accepted + int(o.sibling_hit)
+            stats.sibling_hits += int(o.sibling_hit)
+            record_request_verification(r.stats, k, credited)
+            stats.record_verification(k, credited)
+            r.stats.draft_time_s += draft_s
+            r.stats.target_time_s += target_s
+            new_tokens, reason = self._append(r, o.emitted)
+            stats.generated_tokens += len(new_tokens)
+            outputs.append(StepOutput(r.req.request_id, new_tokens, reason is not None, reason))
+            if reason is None:
+                keep.append(i)
+            else:
+                self._finish(r, reason, stats)
+        stats.batch_steps += 1
+        stats.draft_time_s += draft_s
+        stats.target_time_s += target_s
+        stats.draft_forwards += k
+        stats.target_forwards += 1
+        if len(keep) != len(self.rows):
+            self._keep(keep)
+        self.target_kv.maybe_compact()
+        self.draft_kv.maybe_compact()
+        return outputs
+
+    def _append(self, r: Row, emitted: list[int]) -> tuple[list[int], str | None]:
+        out: list[int] = []
+        for t in emitted:
+            r.seq.append(t)
+            out.append(t)
+            if t in r.req.stop_token_ids:
+                return out, "stop"
+            if len(r.seq) - r.n_prompt >= r.req.max_new_tokens:
+                return out, "length"
+        if self.max_positions and len(r.seq) >= self.max_positions:
+            return out, "length"
+        return out, None
+
+    def _keep(self, keep: list[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+        self.target_kv.select_rows(keep)
+        self.draft_kv.select_rows(keep)
+
+    def _finish(self, r: Row, reason: str, stats: DecoderStats) -> None:
+        stats.requests_finished += 1
+        self.results[r.req.request_id] = GenerationResult(
+            r.req.request_id, list(r.req.prompt_ids), list(r.output), reason, r.stats
+        )

@@ -1,0 +1,1 @@
+"""The compressed draft head: frequency-ranked subsets, low-rank factors, calibration."""

@@ -1,0 +1,1 @@
+"""Real model weights: the registry, fetching them without a hub, loading them."""

@@ -1,0 +1,234 @@
+"""One tuning tick of one resource: read the metrics, plan (tuning_plan.py), carry it out.
+
+The I/O half of tuning, as reconcile.py is for rollouts. Writes, all idempotent,
+with the tuner's own field manager, in this order:
+
+1. the tuner's status (status.compression, status.autoscaling and the
+   MetricsAvailable condition) by server-side apply, conditional on the
+   resourceVersion the plan was made from: a write that landed since (a user's
+   status edit, the reconciler) is never overwritten from a stale read. On a
+   conflict the tick reads the resource again and plans again, before it has
+   changed anything else;
+2. the runtime ConfigMap's `compression_ratio`, at once, so engines pick the
+   change up within seconds (the reconciler writes the same text later);
+3. spec.replicas through the scale subresource (autoscaling.mode=operator);
+4. the plan's Events.
+
+Before them, a KEDA ScaledObject is applied or deleted (autoscaling.mode=keda,
+when KEDA's API is served).
+
+Environment: SLIMSPEC_TUNING_DRY_RUN=1 (decide and report, change nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from .conditions import format_time
+from .contract import (
+    API_VERSION,
+    KEDA_API_VERSION,
+    KEDA_KIND,
+    KEDA_PLURAL,
+    KIND,
+    RATIO_KEY,
+    TUNER_FIELD_MANAGER,
+    configmap_name,
+)
+from .kube import ApiError, Kube
+from .prom import PromClient
+from .queries import queries_for, sample_from
+from .rollout import Event
+from .spec import TuningView
+from .tuner import Sample
+from .tuning_plan import (
+    TickInput,
+    TickMemory,
+    TickPlan,
+    controlling,
+    due,
+    plan_tick,
+    scaled_object_for,
+)
+
+DRY_RUN = os.environ.get("SLIMSPEC_TUNING_DRY_RUN", "") in ("1", "true", "yes")
+CONFLICT_RETRIES = 3  # immediate re-reads when the status write loses a race
+NO_CONFIGMAP = " (runtime ConfigMap not there yet; the reconciler will write it)"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Memory:
+    """Per-resource controller memory, kept by the Kopf glue between ticks."""
+
+    started: datetime
+    state: TickMemory = field(init=False)  # what the decisions remember
+    last_tick: datetime | None = None
+    keda_applied: bool = False  # a ScaledObject was applied (or its absence reported)
+
+    def __post_init__(self) -> None:
+        self.state = TickMemory(started=self.started)
+
+
+async def tick(
+    body: Mapping[str, Any],
+    mem: Memory,
+    kube: Kube,
+    now: datetime,
+    *,
+    dry_run: bool = DRY_RUN,
+    force: bool = False,
+) -> dict[str, Any] | None:
+    """One evaluation of one resource. Returns the status it applied (for tests/logs)."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    view = _view(body)
+    if view is None or not (force or due(view, mem.last_tick, now)):
+        return None
+    mem.last_tick = now
+    await asyncio.to_thread(reconcile_keda, kube, body, view, mem)
+
+    for attempt in range(CONFLICT_RETRIES + 1):
+        sample = await read_sample(view, ns, name, now) if controlling(view) else None
+        status = body.get("status") or {}
+        inp = TickInput(view, status, meta.get("generation"), sample, mem.state, now, dry_run)
+        plan = plan_tick(inp)
+        try:
+            await asyncio.to_thread(write_status, kube, body, plan.status)
+            break
+        except ApiError as exc:
+            if exc.status != 409 or attempt == CONFLICT_RETRIES:
+                raise
+        # The resource changed since `body` was read: plan again from what is there now.
+        log.debug("%s/%s: changed since read; planning the tick again", ns, name)
+        fresh = await asyncio.to_thread(kube.get, KIND, ns, name)
+        if fresh is None:
+            return None
+        body, meta = fresh, fresh["metadata"]
+        view = _view(body)
+        if view is None:
+            return None
+    mem.state = plan.memory
+    await asyncio.to_thread(carry_out, kube, body, plan)
+    return plan.status if plan.memory.active else None
+
+
+def _view(body: Mapping[str, Any]) -> TuningView | None:
+    try:
+        return TuningView.from_spec(body.get("spec"))
+    except ValidationError as exc:
+        meta = body["metadata"]
+        log.warning("%s/%s: tuning spec not usable: %s", meta["namespace"], meta["name"], exc)
+        return None
+
+
+async def read_sample(view: TuningView, namespace: str, name: str, now: datetime) -> Sample:
+    async with PromClient(view.prometheus.url, view.prometheus.timeout_seconds) as prom:
+        results = await prom.query_many(queries_for(view, namespace, name, view.scaling))
+    return sample_from(now, results)
+
+
+def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any] | None) -> None:
+    """Apply the tuner's status; 409 when the resource changed since `body` was read."""
+    if status is None:
+        return
+    read = body["metadata"]
+    meta = {"name": read["name"], "namespace": read["namespace"]}
+    if read.get("resourceVersion"):
+        meta["resourceVersion"] = read["resourceVersion"]
+    manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "status": status}
+    kube.apply(manifest, "status", manager=TUNER_FIELD_MANAGER)
+
+
+def carry_out(kube: Kube, body: Mapping[str, Any], plan: TickPlan) -> None:
+    """Everything after the status write: ConfigMap, scale, Events."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    if plan.ratio is not None:
+        event = plan.ratio.event
+        if not write_ratio(kube, ns, name, plan.ratio.text):
+            event = replace(event, message=event.message + NO_CONFIGMAP)
+        post_event(kube, body, event)
+    if plan.scale is not None:
+        patch = {"spec": {"replicas": plan.scale.replicas}}
+        kube.merge_patch(KIND, ns, name, patch, "scale", manager=TUNER_FIELD_MANAGER)
+        post_event(kube, body, plan.scale.event)
+    for event in plan.events:
+        post_event(kube, body, event)
+
+
+def write_ratio(kube: Kube, namespace: str, name: str, text: str) -> bool:
+    """Patch the runtime ConfigMap's ratio; False when it does not exist yet."""
+    cm, patch = configmap_name(name), {"data": {RATIO_KEY: text}}
+    try:
+        kube.merge_patch("ConfigMap", namespace, cm, patch, manager=TUNER_FIELD_MANAGER)
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def post_event(kube: Kube, body: Mapping[str, Any], event: Event) -> None:
+    """A core/v1 Event about the resource; best effort (a failure is only logged)."""
+    meta = body["metadata"]
+    stamp = format_time(datetime.now(UTC))
+    involved = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta.get("uid"),
+    }
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+            "namespace": meta["namespace"],
+        },
+        "involvedObject": {k: v for k, v in involved.items() if v is not None},
+        "reason": event.reason,
+        "message": event.message[:1024],
+        "type": event.type,
+        "source": {"component": TUNER_FIELD_MANAGER},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+        "reportingComponent": TUNER_FIELD_MANAGER,
+        "reportingInstance": os.environ.get("HOSTNAME", TUNER_FIELD_MANAGER),
+    }
+    try:
+        kube.create(manifest)
+    except ApiError as exc:
+        log.warning("could not post event %s: %s", event.reason, exc.message)
+
+
+def reconcile_keda(kube: Kube, body: Mapping[str, Any], view: TuningView, mem: Memory) -> None:
+    """The ScaledObject exists exactly while autoscaling.mode=keda (and KEDA is served)."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    if not view.keda:
+        if mem.keda_applied:
+            kube.delete(KEDA_KIND, ns, name)
+            mem.keda_applied = False
+        return
+    if not kube.serves(KEDA_API_VERSION, KEDA_PLURAL):
+        if not mem.keda_applied:  # say it once per process, not every tick
+            api = f"{KEDA_API_VERSION} {KEDA_KIND}"
+            message = f"autoscaling.mode=keda but the {api} API is not served"
+            post_event(kube, body, Event("Warning", "KedaNotInstalled", message))
+            mem.keda_applied = True  # remembered as "reported"; nothing to delete
+        return
+    obj = scaled_object_for(view, ns, name, meta.get("uid", ""))
+    kube.apply(obj, manager=TUNER_FIELD_MANAGER)
+    mem.keda_applied = True
