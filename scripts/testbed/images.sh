@@ -171,12 +171,21 @@ build_image() {
   done
 }
 
-# Keep the newest KEEP_TAGS tags of REPO, then drop layers no image uses.
+# Tags in the order this script last wanted them (an image's own creation time does
+# not say: a build whose layers all come from the cache keeps the old one).
+TAG_LOG="$SLIMSPEC_CACHE/images/wanted-tags.log"
+note_wanted() { local t; for t in "$@"; do echo "$(date +%s) $t" >>"$TAG_LOG"; done; }
+
+# prune_repo TAG: of TAG's repository keep TAG and the KEEP_TAGS-1 tags wanted last
+# before it; remove the others.
 prune_repo() {
-  local repo="$1"
-  "$DOCKER" images --format '{{.CreatedAt}}\t{{.Repository}}:{{.Tag}}' "$repo" |
-    sort -r | tail -n +$((KEEP_TAGS + 1)) | cut -f2 |
-    while read -r old; do "$DOCKER" rmi "$old" >/dev/null; done
+  local current="$1" repo="${1%%:*}" keep old
+  keep="$( (echo "$current"
+    grep " $repo:" "$TAG_LOG" 2>/dev/null | sort -n | awk '{print $2}' | grep -vx "$current" |
+      awk '!seen[$0]++' | tail -n $((KEEP_TAGS - 1))) | sort -u)"
+  for old in $("$DOCKER" images --format '{{.Repository}}:{{.Tag}}' "$repo"); do
+    grep -qx "$old" <<<"$keep" || "$DOCKER" rmi "$old" >/dev/null
+  done
 }
 
 compute_tags() {
@@ -224,10 +233,11 @@ build_all() {
 }
 
 prune_all() {
-  local repo
-  for repo in slimspec/{debian,base,pause,prometheus,engine,engine-build,operator,operator-build}; do
-    prune_repo "$repo"
-  done
+  local tag wanted=("$DEBIAN_IMAGE" "$BASE_IMAGE" "$PAUSE_IMAGE" "$PROMETHEUS_IMAGE"
+    "$ENGINE_IMAGE" "${ENGINE_IMAGE/engine:/engine-build:}"
+    "$OPERATOR_IMAGE" "${OPERATOR_IMAGE/operator:/operator-build:}")
+  note_wanted "${wanted[@]}"
+  for tag in "${wanted[@]}"; do prune_repo "$tag"; done
   "$DOCKER" image prune --force >/dev/null
   "$DOCKER" container prune --force >/dev/null
 }
