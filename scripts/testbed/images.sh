@@ -19,6 +19,8 @@
 #
 #   images.sh [build]   build what is missing (starts the test bed's dockerd, stops it
 #                       again if it started it); prints the tags
+#   images.sh build --without-prometheus   all but the Prometheus image (whose binary
+#                       another Go build may still be making: scripts/test.sh overlaps them)
 #   images.sh tags      print the tags the current checkout needs (builds nothing)
 # Output lines: BASE_IMAGE= ENGINE_IMAGE= OPERATOR_IMAGE= PAUSE_IMAGE= PROMETHEUS_IMAGE=
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -203,6 +205,8 @@ print_tags() {
 }
 
 build_all() {
+  local with_prometheus=1
+  [[ "${1:-}" == --without-prometheus ]] && with_prometheus=0
   mkdir -p "$SLIMSPEC_CACHE/images"
   exec 7>"$SLIMSPEC_CACHE/images/.build.lock"
   flock 7
@@ -219,11 +223,12 @@ build_all() {
       step "base image (+ this machine's CA certificates)" \
         build_base "$BASE_IMAGE" "$DEBIAN_IMAGE" &&
       step "pause image (static, FROM scratch)" build_pause "$PAUSE_IMAGE" &&
-      step "prometheus image (FROM scratch)" build_prometheus "$PROMETHEUS_IMAGE" &&
       step "operator image (Dockerfile.operator)" \
         build_image "$OPERATOR_IMAGE" Dockerfile.operator "$BASE_IMAGE" &&
       step "engine image (Dockerfile.engine)" \
         build_image "$ENGINE_IMAGE" Dockerfile.engine "$BASE_IMAGE" &&
+      { ((with_prometheus == 0)) ||
+        step "prometheus image (FROM scratch)" build_prometheus "$PROMETHEUS_IMAGE"; } &&
       step "prune old image tags and unused layers" prune_all
   } || rc=$?
   ((rc == 0)) && "$DOCKER" images --format '{{.Repository}}:{{.Tag}}  {{.Size}}' 'slimspec/*'
@@ -243,7 +248,7 @@ prune_all() {
 }
 
 case "${1:-build}" in
-  build) build_all ;;
+  build) build_all "${2:-}" ;;
   tags) compute_tags && print_tags ;;
   *) echo "usage: $0 [build|tags]" >&2; exit 2 ;;
 esac

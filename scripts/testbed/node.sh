@@ -327,6 +327,7 @@ watchdog() { # holds the node lock for the run; tears the node down when its own
   flock 9
   echo "$$" >"$dir/watchdog.pid"
   : >"$dir/locked"
+  # (An owner that died while this waited for the lock ends the run at once.)
   while alive "$owner" && [[ ! -e "$dir/stopping" ]]; do sleep 2; done
   [[ -e "$dir/stopping" ]] || bash "$HERE/node.sh" down "$dir" >>"$NODE_CACHE/watchdog.log" 2>&1
 }
@@ -334,6 +335,7 @@ watchdog() { # holds the node lock for the run; tears the node down when its own
 up() {
   local dir="$1" owner="$2"
   mkdir -p "$NODE_CACHE" "$dir"
+  echo "$owner" >"$dir/owner.pid"
   cleanup_stale
   # Wait for the node lock (another run's node), then keep it in the watchdog.
   setsid bash "$HERE/node.sh" _watchdog "$dir" "$owner" </dev/null >/dev/null 2>&1 &
@@ -466,15 +468,18 @@ down() {
 }
 
 cleanup_stale() {
-  local state_file dir owner watchdog
-  for state_file in /tmp/"$RUN_PREFIX"*/state.env; do
-    [[ -f "$state_file" ]] || continue
-    dir="$(dirname "$state_file")"
-    owner="$(state "$dir" OWNER_PID)"
+  local dir owner watchdog
+  for dir in /tmp/"$RUN_PREFIX"*/; do
+    dir="${dir%/}"
+    owner="$(cat "$dir/owner.pid" 2>/dev/null || state "$dir" OWNER_PID)"
     watchdog="$(cat "$dir/watchdog.pid" 2>/dev/null || true)"
-    if ! alive "$owner" || ! alive "$watchdog"; then
-      log "tearing down a previous run's node: $dir"
-      down "$dir"
+    if [[ -f "$dir/state.env" ]]; then
+      if ! alive "$owner" || ! alive "$watchdog"; then
+        log "tearing down a previous run's node: $dir"
+        down "$dir"
+      fi
+    elif [[ -n "$owner" ]] && ! alive "$owner" && ! alive "$watchdog"; then
+      rm -rf "$dir" # killed before its namespaces existed
     fi
   done
 }
