@@ -18,3 +18,10 @@ BASE_DEBS="python3,python3-venv,ca-certificates"
 # Module v0.316.0 is Prometheus 3.16.0.
 PROMETHEUS_SD_MODULE_VERSION=v0.316.0
 PROMETHEUS_SD_VERSION=3.16.0
+# Oldest Kubernetes the chart supports (Chart.yaml kubeVersion): the CRD is also
+# installed and its validation tested on a kube-apiserver of this version
+# (scripts/testbed/install-floor.sh). It needs an older Go than the current one.
+K8S_FLOOR_VERSION=v1.29.15
+K8S_FLOOR_STAGING_VERSION=v0.29.15
+K8S_FLOOR_GO_DIRECTIVE=1.21
+K8S_FLOOR_GOTOOLCHAIN=go1.22.12

@@ -228,7 +228,9 @@ class ChartOperator:
     """The real operator process, with the chart Deployment's arguments and the
     chart ServiceAccount's token (health and metrics on free loopback ports)."""
 
-    def __init__(self, args: list[str], kubeconfig: Path, log: Path) -> None:
+    def __init__(
+        self, args: list[str], kubeconfig: Path, log: Path, tuning_tick: str = "2"
+    ) -> None:
         self.health_port, self.metrics_port = free_port(), free_port()
         argv = []
         for a in args:
@@ -240,7 +242,7 @@ class ChartOperator:
         self.argv = [sys.executable, "-m", "slimspec_operator", *argv]
         self.log_path = log
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
-        env.update(SLIMSPEC_RECONCILE_INTERVAL="1", SLIMSPEC_TUNING_TICK_SECONDS="2")
+        env.update(SLIMSPEC_RECONCILE_INTERVAL="1", SLIMSPEC_TUNING_TICK_SECONDS=tuning_tick)
         with log.open("wb") as f:
             self.proc = subprocess.Popen(
                 self.argv, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -1,6 +1,7 @@
 """hadolint on both Dockerfiles and checkov on the chart's rendered manifests and
 the Dockerfiles: clean, or each skip justified in place (checkov.io/skipN
-annotations in the chart templates, with a reason).
+annotations in the chart templates, with a reason). chart-testing's `ct lint` on
+the chart.
 
 checkov is slow to start (~10 s), so it runs once per session over every values
 variant; it lives in its own pinned tool venv (scripts/install-linters.sh).
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from slimspec_testbed.tools import cache_dir, run_checked, venv_bin
 
-from .conftest import REPO, VARIANTS, helm_template
+from .conftest import REPO, VARIANTS, helm_bin, helm_template
 
 DOCKERFILES = ("Dockerfile.engine", "Dockerfile.operator")
 
@@ -101,3 +102,37 @@ def test_checkov_skips_are_justified(checkov_report: list) -> None:
     for c in skipped:
         reason = (c.get("check_result") or {}).get("suppress_comment", "")
         assert len(reason) > 15, (c["check_id"], reason)
+
+
+def test_ct_lint_clean(tmp_path: Path) -> None:
+    """chart-testing's `ct lint` (built by scripts/install-linters.sh): Chart.yaml
+    against ct's schema (yamale), yamllint on Chart.yaml and values.yaml with ct's
+    rules, and helm lint. Maintainer names are not looked up (no GitHub API here)
+    and there is no version-bump check (it compares against a git remote)."""
+    run_checked(["bash", REPO / "scripts" / "install-linters.sh"], timeout=900)
+    ct = cache_dir() / "tools" / "ct"
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["PATH"] = os.pathsep.join([str(ct / "bin"), str(helm_bin().parent), env["PATH"]])
+    for var, sub in (("HELM_CACHE_HOME", "c"), ("HELM_CONFIG_HOME", "cf"), ("HELM_DATA_HOME", "d")):
+        env[var] = str(tmp_path / sub)
+    out = run_checked(
+        [
+            ct / "bin" / "ct",
+            "lint",
+            "--charts",
+            "charts/slimspec",
+            "--chart-yaml-schema",
+            ct / "etc" / "chart_schema.yaml",
+            "--lint-conf",
+            ct / "etc" / "lintconf.yaml",
+            "--validate-maintainers=false",
+            "--check-version-increment=false",
+        ],
+        env=env,
+        cwd=REPO,
+        check=False,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "All charts linted successfully" in out.stdout
+    assert "Validation success" in out.stdout  # the Chart.yaml schema check ran

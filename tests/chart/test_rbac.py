@@ -1,8 +1,10 @@
 """Least privilege: the operator's rendered RBAC is exactly the expected rules.
 
 The expected rules are the API calls the operator makes (its Kopf handlers and
-kube.py); tests/chart/test_cluster.py proves that they are also enough, by
-running the real operator with the chart's ServiceAccount token.
+kube.py); tests/chart/test_cluster.py proves that they are enough and that the
+operator uses them (the real operator with the chart's ServiceAccount token, its
+requests read back from the API server's audit log). The default is namespace
+scope: nothing the operator may write reaches beyond the watched namespaces.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import pytest
 
 from .conftest import Rendered, render
 
-Triple = tuple[str, str, str]
+# (API group, resource, verb, resource name or "*" for any)
+Grant = tuple[str, str, str, str]
 
 NAMESPACED: dict[tuple[str, str], tuple[str, ...]] = {
     ("slimspec.io", "slimspecservices"): ("get", "list", "watch", "patch"),
@@ -33,25 +36,28 @@ CLUSTER: dict[tuple[str, str], tuple[str, ...]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
 }
 NAMESPACES = {("", "namespaces"): ("list", "watch")}
-PEERING_NS = {("kopf.dev", "kopfpeerings"): ("get", "list", "watch", "patch")}
-PEERING_CLUSTER = {("kopf.dev", "clusterkopfpeerings"): ("get", "list", "watch", "patch")}
+PEERING_NS = {("kopf.dev", "kopfpeerings"): ("list", "watch")}
+PEERING_CLUSTER = {("kopf.dev", "clusterkopfpeerings"): ("list", "watch")}
 KEDA = {("keda.sh", "scaledobjects"): ("create", "patch", "delete")}
+PEERING_NAME = "ss-slimspec-operator"  # release "ss": its own peering object only
+PEERING_NS_OWN = {("kopf.dev", "kopfpeerings", "patch", PEERING_NAME)}
+PEERING_CLUSTER_OWN = {("kopf.dev", "clusterkopfpeerings", "patch", PEERING_NAME)}
 
 
-def triples(rules: list[dict[str, Any]]) -> set[Triple]:
-    out: set[Triple] = set()
+def triples(rules: list[dict[str, Any]]) -> set[Grant]:
+    out: set[Grant] = set()
     for rule in rules:
         assert "nonResourceURLs" not in rule
-        assert "resourceNames" not in rule
         for group in rule["apiGroups"]:
             for res in rule["resources"]:
                 for verb in rule["verbs"]:
-                    out.add((group, res, verb))
+                    for name in rule.get("resourceNames") or ["*"]:
+                        out.add((group, res, verb, name))
     return out
 
 
-def expand(*tables: dict[tuple[str, str], tuple[str, ...]]) -> set[Triple]:
-    return {(g, r, v) for t in tables for (g, r), verbs in t.items() for v in verbs}
+def expand(*tables: dict[tuple[str, str], tuple[str, ...]]) -> set[Grant]:
+    return {(g, r, v, "*") for t in tables for (g, r), verbs in t.items() for v in verbs}
 
 
 def no_wildcards(rules: list[dict[str, Any]]) -> None:
@@ -61,22 +67,20 @@ def no_wildcards(rules: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "extra_ns", "extra_cluster"),
+    ("args", "extra_cluster", "own"),
     [
-        ([], {}, {}),
-        (["--set", "operator.peering.enabled=true"], PEERING_NS, PEERING_CLUSTER),
-        (["--set", "rbac.keda=true"], KEDA, {}),
+        ([], {}, set()),
+        (["--set", "operator.peering.enabled=true"], PEERING_CLUSTER, PEERING_CLUSTER_OWN),
+        (["--set", "rbac.keda=true"], KEDA, set()),
     ],
-    ids=["default", "peering", "keda"],
+    ids=["plain", "peering", "keda"],
 )
-def test_cluster_scope_rules_are_exact(
-    args: list[str], extra_ns: dict, extra_cluster: dict
-) -> None:
-    r: Rendered = render(*args)
+def test_cluster_scope_rules_are_exact(args: list[str], extra_cluster: dict, own: set) -> None:
+    r: Rendered = render("--set", "rbac.scope=cluster", *args)
     assert not r.of_kind("Role") and not r.of_kind("RoleBinding")
     cr = r.one("ClusterRole")
     no_wildcards(cr["rules"])
-    assert triples(cr["rules"]) == expand(NAMESPACED, CLUSTER, extra_ns, extra_cluster)
+    assert triples(cr["rules"]) == expand(NAMESPACED, CLUSTER, extra_cluster) | own
     crb = r.one("ClusterRoleBinding")
     assert crb["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -100,21 +104,25 @@ def test_namespace_scope_uses_roles_per_watched_namespace() -> None:
     )
     cr = r.one("ClusterRole")
     # Only Kopf's cluster-scoped reads stay cluster-wide.
-    assert triples(cr["rules"]) == expand(CLUSTER, NAMESPACES, PEERING_CLUSTER)
+    assert triples(cr["rules"]) == expand(CLUSTER, NAMESPACES)
     roles = {d["metadata"]["namespace"]: d for d in r.of_kind("Role")}
     bindings = {d["metadata"]["namespace"]: d for d in r.of_kind("RoleBinding")}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}
     for ns, role in roles.items():
         no_wildcards(role["rules"])
-        assert triples(role["rules"]) == expand(NAMESPACED, PEERING_NS), ns
+        assert triples(role["rules"]) == expand(NAMESPACED, PEERING_NS) | PEERING_NS_OWN, ns
         assert bindings[ns]["roleRef"]["kind"] == "Role"
         assert bindings[ns]["subjects"][0]["namespace"] == "slimspec-system"
 
 
-def test_namespace_scope_defaults_to_the_release_namespace() -> None:
-    r = render("--set", "rbac.scope=namespace", namespace="inference")
+def test_default_is_namespace_scope_in_the_release_namespace() -> None:
+    """Least privilege by default: writes only in the release namespace, and the only
+    cluster-wide rules are Kopf's reads of CRDs and namespaces."""
+    r = render(namespace="inference")
     (role,) = r.of_kind("Role")
     assert role["metadata"]["namespace"] == "inference"
+    assert triples(role["rules"]) == expand(NAMESPACED)
+    assert triples(r.one("ClusterRole")["rules"]) == expand(CLUSTER, NAMESPACES)
     args = r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=inference" in args
 
@@ -125,15 +133,35 @@ def test_rbac_create_false_renders_no_rbac() -> None:
         assert not r.of_kind(kind)
 
 
-def test_no_secret_reads_in_bulk_and_no_escalation_verbs() -> None:
-    r = render("--set", "operator.peering.enabled=true", "--set", "rbac.keda=true")
-    t = triples(r.one("ClusterRole")["rules"])
-    assert {v for g, res, v in t if res == "secrets"} == {"create"}  # never read
-    assert not {v for _, _, v in t} & {"escalate", "bind", "impersonate", "*"}
-    assert not {res for _, res, _ in t} & {"clusterroles", "clusterrolebindings", "nodes", "pods"}
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_no_token_minting_secret_reads_or_escalation(scope: str) -> None:
+    r = render(
+        "--set",
+        f"rbac.scope={scope}",
+        "--set",
+        "operator.peering.enabled=true",
+        "--set",
+        "rbac.keda=true",
+    )
+    t: set[Grant] = set()
+    for doc in r.of_kind("ClusterRole") + r.of_kind("Role"):
+        t |= triples(doc["rules"])
+    assert {v for g, res, v, _ in t if res == "secrets"} == {"create"}  # never read
+    # No tokens for other ServiceAccounts, no impersonation, no RBAC escalation.
+    assert not {res for _, res, _, _ in t} & {
+        "serviceaccounts/token",
+        "clusterroles",
+        "clusterrolebindings",
+        "nodes",
+        "pods",
+        "pods/exec",
+        "users",
+        "groups",
+    }
+    assert not {v for _, _, v, _ in t} & {"escalate", "bind", "impersonate", "*"}
     # Deletion is the garbage collector's job (owner references), except for
     # superseded Deployments and the KEDA ScaledObject.
-    assert {(g, res) for g, res, v in t if v == "delete"} == {
+    assert {(g, res) for g, res, v, _ in t if v == "delete"} == {
         ("apps", "deployments"),
         ("keda.sh", "scaledobjects"),
     }

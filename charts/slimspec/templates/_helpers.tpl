@@ -63,6 +63,11 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* Name of the Kopf peering object the operator replicas share. */}}
+{{- define "slimspec.peeringName" -}}
+{{- default (include "slimspec.operatorName" .) .Values.operator.peering.name }}
+{{- end }}
+
 {{/* Namespaces the operator watches in namespace scope (default: the release's). */}}
 {{- define "slimspec.watchNamespaces" -}}
 {{- if .Values.rbac.watchNamespaces }}

@@ -53,11 +53,16 @@ operator deletes only superseded Deployments itself.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.operator.peering.enabled }}
-# Kopf peering between replicas (namespaced peering objects).
+{{- if and .Values.operator.peering.enabled (eq .Values.rbac.scope "namespace") }}
+# Kopf peering between replicas (namespaced peering objects): Kopf watches them
+# and writes its heartbeat into the chart's own peering object only.
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch"]
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  resourceNames: [{{ include "slimspec.peeringName" . | quote }}]
+  verbs: ["patch"]
 {{- end }}
 {{- if .Values.rbac.keda }}
 # autoscaling.mode=keda: the tuner applies / deletes a KEDA ScaledObject.
@@ -78,9 +83,15 @@ operator deletes only superseded Deployments itself.
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
-{{- if .Values.operator.peering.enabled }}
+{{- if and .Values.operator.peering.enabled (ne .Values.rbac.scope "namespace") }}
+# Kopf peering between replicas of a cluster-wide operator (the chart's
+# ClusterKopfPeering; heartbeats written to that object only).
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch"]
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  resourceNames: [{{ include "slimspec.peeringName" . | quote }}]
+  verbs: ["patch"]
 {{- end }}
 {{- end }}

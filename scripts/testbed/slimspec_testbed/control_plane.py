@@ -24,7 +24,7 @@ import signal
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -65,7 +65,9 @@ def _start_etcd(workdir: Path) -> tuple[Component, str]:
     return comp, client_url
 
 
-def _start_apiserver(workdir: Path, etcd_url: str) -> tuple[Component, str]:
+def _start_apiserver(
+    workdir: Path, etcd_url: str, k8s_version: str | None = None, extra_args: Sequence[str] = ()
+) -> tuple[Component, str]:
     pki = workdir / "pki"
     (workdir / "tokens.csv").write_text(
         f'{ADMIN_TOKEN},slimspec-admin,uid-admin,"system:masters"\n'
@@ -75,7 +77,7 @@ def _start_apiserver(workdir: Path, etcd_url: str) -> tuple[Component, str]:
     comp = spawn(
         "kube-apiserver",
         [
-            tool_path("kube-apiserver"),
+            tool_path("kube-apiserver", k8s_version),
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -93,6 +95,7 @@ def _start_apiserver(workdir: Path, etcd_url: str) -> tuple[Component, str]:
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            *extra_args,
         ],
         workdir,
     )
@@ -154,9 +157,21 @@ def _ensure_fake_node(cluster: KubeCluster) -> None:
         core.patch_node_status(cluster.node_name, status)
 
 
-def start_cluster(workdir: Path) -> KubeCluster:
-    """Start etcd, kube-apiserver and kube-controller-manager; stop all on failure."""
-    binaries = [tool_path(n) for n in ("etcd", "kube-apiserver", "kube-controller-manager")]
+def start_cluster(
+    workdir: Path,
+    k8s_version: str | None = None,
+    controllers: bool = True,
+    apiserver_args: Sequence[str] = (),
+) -> KubeCluster:
+    """Start etcd, kube-apiserver and kube-controller-manager; stop all on failure.
+
+    ``k8s_version``: that version's kube-apiserver instead of the pinned one.
+    ``controllers=False``: etcd and the API server only (no controller-manager, no
+    Node, no reaper), enough to install CRDs and check their validation.
+    ``apiserver_args``: extra kube-apiserver flags (e.g. an audit log).
+    """
+    names = ["etcd", "kube-apiserver"] + (["kube-controller-manager"] if controllers else [])
+    binaries = [tool_path(n, k8s_version) for n in names]
     del binaries  # looked up first so a missing one fails before anything starts
     make_pki(workdir / "pki")
     components: list[Component] = []
@@ -165,7 +180,7 @@ def start_cluster(workdir: Path) -> KubeCluster:
         etcd, etcd_url = _start_etcd(workdir)
         components.append(etcd)
         poll(lambda: _alive_or_fail(etcd) and _http_ok(f"{etcd_url}/health"), 30, "etcd /health")
-        apiserver, server = _start_apiserver(workdir, etcd_url)
+        apiserver, server = _start_apiserver(workdir, etcd_url, k8s_version, apiserver_args)
         components.append(apiserver)
         ca_file = workdir / "pki" / "ca.crt"
         poll(
@@ -179,6 +194,8 @@ def start_cluster(workdir: Path) -> KubeCluster:
             workdir / "admin.kubeconfig", server, ca_file, ADMIN_TOKEN, "slimspec-admin"
         )
         cluster = KubeCluster(workdir, server, ca_file, ADMIN_TOKEN, kubeconfig, components)
+        if not controllers:
+            return cluster
         kcm = _start_controller_manager(workdir, server)
         components.append(kcm)
         _wait_controllers(cluster, kcm)
@@ -252,15 +269,18 @@ def _workdir() -> Path:
 
 
 @contextlib.contextmanager
-def running_cluster() -> Iterator[KubeCluster]:
+def running_cluster(
+    k8s_version: str | None = None, controllers: bool = True, apiserver_args: Sequence[str] = ()
+) -> Iterator[KubeCluster]:
     """Start a cluster, yield it, always stop it (and remove its temp dir).
 
     A failed start keeps its temp dir for the logs (removed by a later run).
+    Arguments as for :func:`start_cluster`.
     """
     for attempt in range(3):
         workdir = _workdir()
         try:
-            cluster = start_cluster(workdir)
+            cluster = start_cluster(workdir, k8s_version, controllers, apiserver_args)
             break
         except TestbedError as exc:
             # free_port() races with other processes: a taken port is worth a retry.

@@ -5,8 +5,9 @@ default ``~/.cache/slimspec``); pinned versions live in ``scripts/testbed/versio
 A missing binary is a :class:`~slimspec_testbed.errors.TestbedError` (a failure, never
 a skip, in the tests) naming the command to run.
 
-- ``tool_path(name)``: absolute path of ``kube-apiserver``, ``etcd``, ``helm``,
-  ``kubectl``, ``prometheus``, ``promtool``, ...
+- ``tool_path(name, k8s_version=None)``: absolute path of ``kube-apiserver``, ``etcd``,
+  ``helm``, ``kubectl``, ``prometheus``, ``promtool``, ... (Kubernetes binaries of
+  ``k8s_version`` when given, else of the pinned K8S_VERSION)
 - ``run_checked(argv, env=..., check=True, timeout=120, input=None, cwd=None)``:
   ``CompletedProcess`` (text); on failure ``subprocess.CalledProcessError`` with stderr
   and the command in the message.
@@ -54,16 +55,24 @@ def venv_bin() -> Path:
     return Path(os.environ.get("SLIMSPEC_VENV", REPO_ROOT / ".venv")) / "bin"
 
 
-def tool_path(name: str) -> Path:
-    """Absolute path of a test bed binary, or a TestbedError saying how to get it."""
+def tool_path(name: str, k8s_version: str | None = None) -> Path:
+    """Absolute path of a test bed binary, or a TestbedError saying how to get it.
+
+    ``k8s_version``: a Kubernetes binary of that version instead of the pinned
+    K8S_VERSION (the supported floor, K8S_FLOOR_VERSION, built by install-floor.sh).
+    """
+    hint = INSTALL_HINT
     if name in ("kube-apiserver", "kube-controller-manager"):
-        path = cache_dir() / "k8s" / pinned_versions()["K8S_VERSION"] / name
+        version = k8s_version or pinned_versions()["K8S_VERSION"]
+        path = cache_dir() / "k8s" / version / name
+        if version == pinned_versions().get("K8S_FLOOR_VERSION"):
+            hint = "run `bash scripts/testbed/install-floor.sh` first (or `make test`)"
     elif name in ("etcd", "etcdctl"):
         path = venv_bin() / name
     else:
         path = cache_dir() / "bin" / name
     if not (path.is_file() and os.access(path, os.X_OK)):
-        fail(f"test bed binary {name!r} not found at {path}: {INSTALL_HINT}", traceback=False)
+        fail(f"test bed binary {name!r} not found at {path}: {hint}", traceback=False)
     return path
 
 
