@@ -35,6 +35,7 @@ from slimspec_testbed.userpath import (
     models_volume,
     models_volume_dir,
     operator_values,
+    service_namespace,
     wait_pods_ready,
 )
 
@@ -85,6 +86,7 @@ def operator_release(node: NodeCluster, helm_node: Helm) -> Iterator[str]:
     values = node.node_dir / "operator-values.yaml"
     values.write_text(yaml.safe_dump(operator_values(node.images)))
     with node.entered():
+        node.cluster.apply(service_namespace())  # docs/deploy.md: before the install
         helm_node(
             "install", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "--create-namespace",
             "-f", str(values), "--wait", "--timeout", "5m", timeout=360,

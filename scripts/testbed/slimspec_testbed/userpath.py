@@ -65,11 +65,17 @@ def models_volume_dir(model: Path) -> Path:
     return root
 
 
-def models_volume(root: Path) -> list[dict[str, Any]]:
-    """examples/namespace.yaml, a hostPath PV at ``root`` and the claim of
-    examples/models-pvc.yaml bound to it (read-only, no storage class)."""
-    namespace = yaml.safe_load((EXAMPLES / "namespace.yaml").read_text())
+def service_namespace() -> dict[str, Any]:
+    """examples/namespace.yaml: the services' namespace (restricted Pod Security)."""
+    namespace: dict[str, Any] = yaml.safe_load((EXAMPLES / "namespace.yaml").read_text())
     namespace["metadata"]["name"] = SERVICE_NAMESPACE
+    return namespace
+
+
+def models_volume(root: Path) -> list[dict[str, Any]]:
+    """The services' namespace, a hostPath PV at ``root`` and the claim of
+    examples/models-pvc.yaml bound to it (read-only, no storage class)."""
+    namespace = service_namespace()
     docs = list(yaml.safe_load_all((EXAMPLES / "models-pvc.yaml").read_text()))
     pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
     pvc["metadata"]["namespace"] = SERVICE_NAMESPACE
@@ -99,9 +105,12 @@ def models_volume(root: Path) -> list[dict[str, Any]]:
 
 
 def operator_values(images: ImageTags, tuning_tick_seconds: float = 1) -> dict[str, Any]:
-    """Chart values: the built operator image (never pulled), quicker tuning ticks."""
+    """Chart values: the built operator image (never pulled), the services' namespace
+    watched (as docs/deploy.md installs it; the namespace must exist first), quicker
+    tuning ticks."""
     repo, tag = images.operator.split(":")
     return {
+        "rbac": {"watchNamespaces": [SERVICE_NAMESPACE]},
         "operator": {
             "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
             "extraEnv": [
