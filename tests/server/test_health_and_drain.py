@@ -144,7 +144,11 @@ def test_drain_finishes_in_flight_and_answers_until_propagated(make_server) -> N
                 timeout=120,
             )
             time.sleep(0.2)
-            assert httpx.get(f"{base}/readyz").status_code == 503  # readiness flips first
+            ready = httpx.get(f"{base}/readyz")
+            assert ready.status_code == 503  # readiness flips first
+            # kept-alive connections bypass the Service: each answer now closes its
+            # connection so the client reconnects to a pod still in the endpoints
+            assert ready.headers["connection"] == "close"
             assert plain(99) == want[3]  # still answered while endpoint removal propagates
             threading.Event().wait(1.0)  # the propagation delay has passed
             late = httpx.post(f"{base}/infer", json={"input": "late", "max_length": 2}, timeout=30)

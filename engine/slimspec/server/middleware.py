@@ -106,9 +106,12 @@ class RequestGuard:
             nonlocal status
             if msg["type"] == "http.response.start":
                 status = msg["status"]
-                if not body_done:
-                    # Answered before the body arrived (408, 413, 401): the rest of the
-                    # body would be read as the next request, so close after this answer.
+                # Close the connection after this answer when the body did not all
+                # arrive (408, 413, 401: the rest would be read as the next request), or
+                # while draining: a kept-alive connection bypasses the Service, so its
+                # client must reconnect (to a pod still in the endpoints) before the
+                # drain's delay ends and new requests here are refused.
+                if not body_done or self.state.service.draining:
                     headers = [h for h in msg.get("headers", []) if h[0].lower() != b"connection"]
                     msg = {**msg, "headers": [*headers, (b"connection", b"close")]}
             await send(msg)

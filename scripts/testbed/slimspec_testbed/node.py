@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+
 from slimspec_testbed.cluster import SA_ISSUER, KubeCluster, https_ok
 from slimspec_testbed.errors import TestbedError, fail
 from slimspec_testbed.images import ImageTags, image_tags
