@@ -51,3 +51,20 @@ def chart_operator_role_all_modes(env: dict[str, str], name: str) -> dict[str, A
             if rule not in role["rules"]:
                 role["rules"].append(rule)
     return role
+
+
+def bind_to_operator_account(rbac: Any, namespace: str, role_name: str) -> None:
+    """Bind ClusterRole `role_name` in `namespace` to ServiceAccount `operator`, the
+    identity the least-privilege tests run the operator's client as."""
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "operator", "namespace": namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": role_name,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": namespace}],
+    }
+    rbac.create_namespaced_role_binding(namespace, binding)

@@ -21,6 +21,8 @@ from slimspec_operator.tuning_tick import Memory, tick
 from slimspec_testbed.resources import service_manifest
 from slimspec_testbed.tools import free_port
 
+from tests.support.chart_rbac import bind_to_operator_account
+
 from .conftest import KEDA_CRD_FILE, LoadExporter, start_prometheus
 from .plant import Plant
 
@@ -429,18 +431,7 @@ async def test_tuner_works_with_exactly_the_charts_rbac(
     rbac.create_cluster_role(chart_operator_role(kube_cluster, role_name))
     kube_cluster.kubectl("apply", "-f", str(KEDA_CRD_FILE))
     try:
-        binding = {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "operator", "namespace": namespace},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role_name,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": namespace}],
-        }
-        rbac.create_namespaced_role_binding(namespace, binding)
+        bind_to_operator_account(rbac, namespace, role_name)
         kubeconfig = kube_cluster.service_account_kubeconfig(namespace, "operator")
         sa_api = kconfig.new_client_from_config(config_file=str(kubeconfig))
         kube_cluster.kubectl(

@@ -25,7 +25,7 @@ from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer
 from slimspec_testbed.resources import service_manifest
 
 from tests.support.auth_proxy import AuthProxy
-from tests.support.chart_rbac import chart_cluster_role
+from tests.support.chart_rbac import bind_to_operator_account, chart_cluster_role
 
 from .conftest import KEDA_CRD_FILE, LoadExporter, start_prometheus
 
@@ -155,18 +155,7 @@ def test_tuner_reads_credentials_the_chart_lets_it_read_and_keda_gets_them(
         kube_cluster.kubectl("apply", "-f", str(crd))
     tls = (pki / "server.crt", pki / "server.key")
     try:
-        binding = {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "operator", "namespace": namespace},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role_name,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": namespace}],
-        }
-        rbac.create_namespaced_role_binding(namespace, binding)
+        bind_to_operator_account(rbac, namespace, role_name)
         sa_api = kconfig.new_client_from_config(
             config_file=str(kube_cluster.service_account_kubeconfig(namespace, "operator"))
         )
