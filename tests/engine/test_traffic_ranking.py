@@ -11,6 +11,7 @@ from slimspec import SpeculativeDecoder
 from slimspec.draft_head.artifact import CalibrationArtifact
 from slimspec.draft_head.head import DraftHead, HeadConfig, fit_activation_aware
 from slimspec.draft_head.traffic import (
+    PROMPT_WEIGHT,
     TrafficRanking,
     blended_ranking,
     coverage,
@@ -187,3 +188,24 @@ def test_rerank_can_be_switched_off(tiny_llama_pair, monkeypatch: pytest.MonkeyP
     assert dec.ranking_status().reranks == 0 and traffic.total == 0
     with pytest.raises(ValueError):
         SpeculativeDecoder.from_models(target, draft, rerank_from_traffic="yes")
+
+
+def test_prompts_count_at_a_lower_weight_and_warmup_not_at_all(tiny_llama_pair):
+    """A request's prompt is evidence of its domain before anything is emitted: its
+    distinct tokens are counted (once each, at PROMPT_WEIGHT, outside the coverage
+    window); the warm-up's are not."""
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.5)
+    traffic: TrafficRanking = dec._compressed.traffic
+    traffic.min_new_tokens = 10**9  # counting only
+    dec.warmup()
+    warm, warm_recent = traffic.counts.clone(), len(traffic.recent)
+    p = prompts(1, TINY_VOCAB, seed=44, lengths=(9,))[0]
+    p = p + p[:3]  # repeated tokens count once: which words, not how often
+    out = dec.generate(p, 1, stop_token_ids=[]).output_ids  # one emitted token
+    want = torch.zeros(TINY_VOCAB, dtype=torch.float64)
+    want[sorted(set(p))] = PROMPT_WEIGHT
+    want[out[-1]] += 1.0
+    assert torch.allclose(traffic.counts - warm, want)
+    # the coverage window holds what the target emitted, not the prompt
+    assert len(traffic.recent) == warm_recent + 1 and traffic.recent[-1] == out[-1]

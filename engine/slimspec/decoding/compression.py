@@ -141,6 +141,11 @@ class CompressedHead:
         cfg = self.drafter.head_config(s.ratio)
         self.traffic.maybe_start(self.drafter.head, cfg.subset_size)
 
+    def count_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Newly admitted requests' prompts: evidence of the traffic's vocabulary."""
+        for ids in prompts:
+            self.traffic.observe_prompt(ids)
+
     def refresh(self, s: StepSettings) -> RatioReport | None:
         return self.monitor.refresh(
             s.ratio,

@@ -59,6 +59,8 @@ from slimspec.weights.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 log = logging.getLogger(__name__)
 
+WARMUP = "__warmup__"  # request-id prefix of the warm-up generations (not traffic)
+
 
 def log_draft_head(calibrated: bool, source: str | None) -> None:
     """Say at load which draft head this engine serves (the operator's calibration
@@ -388,7 +390,7 @@ class SpeculativeDecoder:
         if self.has_work():
             return
         prompt = [int(t) for t in self.head.ranking[:4].tolist()]
-        greedy = GenerationRequest("__warmup__", prompt, tokens, SamplingParams(), frozenset())
+        greedy = GenerationRequest(f"{WARMUP}1", prompt, tokens, SamplingParams(), frozenset())
         sampled = SamplingParams(temperature=1.0, seed=0)
         # Warm-up always drafts (adaptive k may choose plain target steps on a pair
         # that agrees little), so the draft path runs once and its timings are measured.
@@ -397,7 +399,7 @@ class SpeculativeDecoder:
             self._settings.set_num_draft_tokens(min(2, self._settings.max_draft_tokens))
         try:
             self.generate_batch([greedy])
-            self.generate_batch([GenerationRequest("__warmup2__", prompt, 4, sampled, frozenset())])
+            self.generate_batch([GenerationRequest(f"{WARMUP}2", prompt, 4, sampled, frozenset())])
         finally:
             if adaptive:
                 self._settings.set_num_draft_tokens(None)
@@ -410,6 +412,9 @@ class SpeculativeDecoder:
         with self._step_lock, torch.inference_mode():
             self._compressed.before_step()
             outputs = self._batch.admit(self.stats)
+            self._compressed.count_prompts(
+                [r.prompt_ids for r in self._batch.admitted if not r.request_id.startswith(WARMUP)]
+            )
             if self._batch.rows:
                 outputs.extend(self._speculate())
             return outputs

@@ -122,6 +122,7 @@ class RowBatch:
             raise ValueError("prefill_chunk must be >= 1")
         self.prefill_chunk = prefill_chunk  # most prompt tokens prefilled per step
         self._prefilling: deque[PrefillJob] = deque()
+        self.admitted: list[GenerationRequest] = []  # admitted by the last admit()
         self._queue_lock = threading.Lock()
         self._pending: deque[GenerationRequest] = deque()
         self._cancelled: set[str] = set()
@@ -179,6 +180,7 @@ class RowBatch:
                 )
             else:
                 todo.append(req)
+        self.admitted = todo
         todo.sort(key=lambda r: len(r.prompt_ids))  # similar lengths together: less padding
         self._prefilling.extend(PrefillJob(r) for r in todo)
         self._prefill_within_budget(stats)

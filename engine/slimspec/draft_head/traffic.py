@@ -3,9 +3,12 @@
 The subset a ratio scores is a prefix of the head's ranking, ranked once on a
 calibration corpus; on traffic unlike it (another language, prose) the tokens the
 target emits fall outside the subset and acceptance at high ratios drops. So the
-decoder counts what the target emits (a vocabulary-sized counter), re-ranks in a
-background thread, and swaps the new head in between two steps. Exactness is
-untouched: the target verifies every token whatever the draft scores.
+decoder counts what the target emits (a vocabulary-sized counter) and, at a lower
+weight, the distinct tokens of each prompt it is given (a request's prompt shows the
+vocabulary of its domain before a single token is emitted: identifiers and words are
+largely copied from context), re-ranks in a background thread, and swaps the new head
+in between two steps. Exactness is untouched: the target verifies every token whatever
+the draft scores.
 
 The new ranking blends the calibration ranking (a Zipf prior over its ranks, weighing
 as much as PRIOR_TOKENS tokens of traffic) with the traffic counts (decayed with a
@@ -38,6 +41,7 @@ MIN_NEW_TOKENS = 128  # new tokens counted before a re-rank (well before the gua
 EVERY_TOKENS = 8192  # re-rank (and persist) at least this often, coverage or not
 COVERAGE_TRIGGER = 0.99  # re-rank early when coverage of the ratio in force falls below
 MIN_INTERVAL_S = 2.0  # between two re-ranks
+PROMPT_WEIGHT = 0.5  # a prompt token counts this much of an emitted one (evidence, not output)
 
 
 def zipf_prior(ranking: torch.Tensor) -> torch.Tensor:
@@ -83,7 +87,7 @@ def coverage(recent: torch.Tensor, rank_of: torch.Tensor, subset_size: int) -> f
 
 
 def rerank_due(
-    new_tokens: int,
+    new_tokens: float,
     cover: float,
     seconds_since: float,
     running: bool,
@@ -140,7 +144,7 @@ class TrafficRanking:
         self.min_interval_s = MIN_INTERVAL_S
         self.prior_tokens = PRIOR_TOKENS
         self._rank_of = inverse(head.ranking.cpu())
-        self._new = 0  # tokens counted since the last re-rank started
+        self._new = 0.0  # (weighted) tokens counted since the last re-rank started
         self._last = -float("inf")
         self._thread: threading.Thread | None = None
         self._ready: tuple[DraftHead, float] | None = None
@@ -158,14 +162,25 @@ class TrafficRanking:
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Count tokens the target emitted (step thread)."""
+        ids = self._count(tokens, 1.0)
+        if ids is not None:
+            self.recent.extend(ids.tolist())  # coverage is of what the target emits
+
+    def observe_prompt(self, tokens: Sequence[int]) -> None:
+        """Count the distinct tokens of a new request's prompt, each once at PROMPT_WEIGHT
+        (step thread): which words the domain uses, not how often the prompt repeats
+        them, so a long prompt cannot crowd what the target emits out of a small subset."""
+        self._count(list(dict.fromkeys(tokens)), PROMPT_WEIGHT)
+
+    def _count(self, tokens: Sequence[int], weight: float) -> torch.Tensor | None:
         if not self.enabled or not tokens:
-            return
+            return None
         ids = torch.tensor([t for t in tokens if 0 <= t < self.vocab], dtype=torch.long)
         if ids.numel() == 0:
-            return
-        self.counts.index_add_(0, ids, torch.ones(ids.numel(), dtype=torch.float64))
-        self.recent.extend(ids.tolist())
-        self._new += ids.numel()
+            return None
+        self.counts.index_add_(0, ids, torch.full((ids.numel(),), weight, dtype=torch.float64))
+        self._new += weight * ids.numel()
+        return ids
 
     def coverage(self, subset_size: int) -> float:
         recent = torch.tensor(list(self.recent), dtype=torch.long)
@@ -190,7 +205,7 @@ class TrafficRanking:
             return False
         self.counts *= 0.5 ** (self._new / HALF_LIFE_TOKENS)
         snapshot = self.counts.clone()
-        self._new, self._last = 0, time.monotonic()
+        self._new, self._last = 0.0, time.monotonic()
         self._thread = threading.Thread(
             target=self._rerank, args=(head, snapshot), name="slimspec-rerank", daemon=True
         )
