@@ -13,7 +13,9 @@ clients.
 writes bench/results/serving.json and serving.png (about 12 minutes on a quiet 2-core
 machine; --quick: 8 s windows, 1 and 8 clients, a few minutes, to check the script).
 The ratio effect: with batching on at 8 clients, the same load at each of --ratios,
-beside the engine's own predicted speed-up per ratio read from /metrics.
+alternated --ratio-repeats times, each after an untimed --settle window, beside the
+engine's own predicted speed-up per ratio read from /metrics at the end of each window
+(--ratio-only runs just that).
 """
 
 from __future__ import annotations
@@ -125,10 +127,87 @@ def set_ratio(app: Any, ratio: float) -> None:
 
 
 def generated_tokens(base: str) -> float:
-    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
-        if line.startswith("slimspec_generated_tokens_total "):
-            return float(line.split()[1])
-    return 0.0
+    return step_counters(base)["generated"]
+
+
+STEP_COUNTERS = {
+    "generated": "slimspec_generated_tokens_total",
+    "drafted": "slimspec_draft_tokens_total",
+    "accepted": "slimspec_accepted_tokens_total",
+    "verify_steps": "slimspec_verify_steps_total",
+}
+
+
+def step_counters(base: str) -> dict[str, float]:
+    """The engine's token and step counters (0 where absent)."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text.splitlines()
+    out = dict.fromkeys(STEP_COUNTERS, 0.0)
+    for key, name in STEP_COUNTERS.items():
+        for line in text:
+            if line.startswith(name + " "):
+                out[key] = float(line.split()[1])
+    return out
+
+
+def ratio_window(base: str, app: Any, ratio: float, window_s: float, settle_s: float,
+                 max_new: int) -> dict[str, Any]:  # fmt: skip
+    """8 clients at one ratio: an untimed settle window first (the first steps after a
+    switch build the new head's kernels and refill the acceptance estimate), then the
+    timed one, with the engine's acceptance over it and its prediction at its end."""
+    set_ratio(app, ratio)
+    if settle_s > 0:
+        asyncio.run(run_clients(base, 8, settle_s, max_new))
+        wait_idle(app)
+    c0 = step_counters(base)
+    res = measure(base, app, f"speculative, batching on, ratio {ratio}", 8, window_s, max_new)
+    d = {k: v - c0[k] for k, v in step_counters(base).items()}
+    return {
+        "tokens_per_s": res.tokens_per_s,
+        "p99_s": res.p99_s,
+        "completed": res.completed,
+        "acceptance": round(d["accepted"] / d["drafted"], 4) if d["drafted"] else None,
+        "drafted_per_verify_step": round(d["drafted"] / d["verify_steps"], 3)
+        if d["verify_steps"]
+        else None,
+        "predicted_speedup": metric_values(base, "slimspec_ratio_predicted_speedup"),
+    }
+
+
+def ratio_effect_runs(
+    base: str, app: Any, ratios: list[float], repeats: int, window_s: float, settle_s: float,
+    max_new: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The ratios alternated `repeats` times (drift hits each alike); per ratio the mean
+    tokens/s over its windows, and measured vs predicted effect relative to the first."""
+    runs: dict[float, list[dict[str, Any]]] = {r: [] for r in ratios}
+    for _ in range(repeats):
+        for r in ratios:
+            runs[r].append(ratio_window(base, app, r, window_s, settle_s, max_new))
+    key = lambda r: f'{{ratio="{r}"}}'  # noqa: E731
+    out: dict[str, Any] = {}
+    ref = ratios[0]
+    ref_tps = statistics.fmean(w["tokens_per_s"] for w in runs[ref])
+    for r in ratios:
+        tps = statistics.fmean(w["tokens_per_s"] for w in runs[r])
+        # the engine's prediction for r over its prediction for the reference, each read
+        # at the end of r's own windows (the prediction of the traffic r served)
+        pred = [
+            w["predicted_speedup"].get(key(r), 0) / w["predicted_speedup"].get(key(ref), 1)
+            for w in runs[r]
+            if w["predicted_speedup"].get(key(ref))
+        ]
+        out[repr(r)] = {
+            "tokens_per_s": round(tps, 3),
+            "tokens_per_s_windows": [w["tokens_per_s"] for w in runs[r]],
+            "p99_s": max((w["p99_s"] or 0) for w in runs[r]),
+            "acceptance": [w["acceptance"] for w in runs[r]],
+            "drafted_per_verify_step": [w["drafted_per_verify_step"] for w in runs[r]],
+            "measured_vs_first": round(tps / ref_tps, 3) if ref_tps else None,
+            "predicted_vs_first": round(statistics.fmean(pred), 3) if pred else None,
+        }
+    out["predicted_speedup"] = runs[ratios[-1]][-1]["predicted_speedup"]
+    out["settle_s"], out["repeats"] = settle_s, repeats
+    return out
 
 
 def wait_idle(app: Any, timeout: float = 120) -> None:
@@ -208,13 +287,13 @@ def cpu_model() -> str:
     return platform.processor()
 
 
-def plot(results: list[RunResult], out: Path) -> None:
+def plot(results: list[RunResult], ratio_effect: dict[str, Any], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))
     for mode, style in (("speculative, batching off", "o--"), ("speculative, batching on", "o-")):
         rs = [r for r in results if r.mode == mode]
         xs = [r.clients for r in rs]
@@ -222,7 +301,13 @@ def plot(results: list[RunResult], out: Path) -> None:
         b.plot(xs, [r.p99_s or 0 for r in rs], style, label=mode)
     a.set(xlabel="concurrent clients", ylabel="aggregate tokens/s", title="Throughput")
     b.set(xlabel="concurrent clients", ylabel="p99 latency (s)", title="p99 latency")
-    for ax in (a, b):
+    per_ratio = {k: v for k, v in ratio_effect.items() if isinstance(v, dict) and "p99_s" in v}
+    xs = [float(k) for k in per_ratio]
+    c.plot(xs, [v["measured_vs_first"] for v in per_ratio.values()], "o-", label="measured")
+    c.plot(xs, [v["predicted_vs_first"] for v in per_ratio.values()], "s--", label="predicted")
+    c.set(xlabel="compression ratio", ylabel=f"tokens/s vs ratio {xs[0] if xs else 0:g}",
+          title="The ratio at 8 clients, batching on")  # fmt: skip
+    for ax in (a, b, c):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -245,11 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-on", type=int, default=16)
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only runs")
     p.add_argument("--ratios", default="0.0,0.8", help="ratios for the ratio effect at 8 clients")
+    p.add_argument("--ratio-repeats", type=int, default=2, help="alternations of --ratios")
+    p.add_argument("--settle", type=float, default=8.0, help="untimed seconds after a switch")
+    p.add_argument("--ratio-only", action="store_true", help="only the ratio effect at 8 clients")
     p.add_argument("--quick", action="store_true", help="8 s windows, 1 and 8 clients")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
     args = p.parse_args(argv)
     if args.quick:
-        args.window, args.clients = 8.0, "1,8"
+        args.window, args.clients, args.ratio_repeats, args.settle = 8.0, "1,8", 1, 4.0
     levels = [int(c) for c in args.clients.split(",")]
 
     from slimspec.server.app import ServerConfig
@@ -291,26 +379,25 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[RunResult] = []
     for size, mode in (
-        (1, "speculative, batching off"),
-        (args.batch_on, "speculative, batching on"),
+        ()
+        if args.ratio_only
+        else ((1, "speculative, batching off"), (args.batch_on, "speculative, batching on"))
     ):
         set_batch(app, size)
         for c in levels:
             results.append(measure(base, app, mode, c, args.window, args.max_new_tokens))
     ratio_effect: dict[str, Any] = {}
-    if 8 in levels:
+    if 8 in levels or args.ratio_only:
         set_batch(app, args.batch_on)
-        for r in (float(x) for x in args.ratios.split(",")):
-            set_ratio(app, r)
-            res = measure(base, app, f"speculative, batching on, ratio {r}", 8, args.window,
-                          args.max_new_tokens)  # fmt: skip
-            ratio_effect[repr(r)] = {"tokens_per_s": res.tokens_per_s, "p99_s": res.p99_s}
-        ratio_effect["predicted_speedup"] = metric_values(base, "slimspec_ratio_predicted_speedup")
+        ratios = [float(x) for x in args.ratios.split(",")]
+        ratio_effect = ratio_effect_runs(
+            base, app, ratios, args.ratio_repeats, args.window, args.settle, args.max_new_tokens
+        )
         ratio_effect["best"] = metric_values(base, "slimspec_ratio_best").get("")
         ratio_effect["can_help"] = metric_values(base, "slimspec_compression_can_help").get("")
         set_ratio(app, 0.3)
     baseline: list[RunResult] = []
-    if not args.no_baseline:
+    if not args.no_baseline and not args.ratio_only:
         app.state.service.swap(replace(cfg.model, draft="none", version="target-only"))
         set_batch(app, 1)
         for c in (1, 8):
@@ -385,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [r.__dict__ for r in results + baseline],
     }
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    plot(results, out.with_suffix(".png"))
+    plot(results, ratio_effect, out.with_suffix(".png"))
     print(json.dumps(summary, indent=2))
     app.state.service.shutdown()
     return 0
