@@ -5,6 +5,7 @@ controller as a kopf process, and a recorder of what happened over time."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -93,6 +94,8 @@ def engine_process(
     num_draft_tokens: int | None = 3,
     max_batch_size: int = 4,
     name: str = "engine",
+    threads: int = 1,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Process:
     """`slimspec serve` on loopback, watching the `<service>-runtime` ConfigMap.
 
@@ -105,8 +108,9 @@ def engine_process(
         "KUBECONFIG": kubeconfig,
         "SLIMSPEC_RUNTIME_CONFIGMAP": f"{service}-runtime",
         "POD_NAMESPACE": namespace,
-        "OMP_NUM_THREADS": "1",  # two cores shared with the control plane
+        "OMP_NUM_THREADS": str(threads),  # default 1: two cores shared with the control plane
     }
+    env |= dict(extra_env or {})
     argv = [PYTHON, "-m", "slimspec", "serve", "--target", model, "--draft", draft or model]
     argv += ["--dtype", dtype, "--device", "cpu", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--max-batch-size", str(max_batch_size)]
@@ -157,9 +161,14 @@ class LoadGen:
         workers: int = 2,
         max_length: int = 4,
         prompt: str = "The capital of France is",
+        prompts: Sequence[str] = (),
     ) -> None:
+        """`prompts`, when given, are sent in turn (shared by all workers) instead of `prompt`."""
         self.url = f"{base_url}/infer"
-        self.body = json.dumps({"input": prompt, "max_length": max_length})
+        self.bodies = [
+            json.dumps({"input": p, "max_length": max_length}) for p in (prompts or [prompt])
+        ]
+        self._next = itertools.count()
         self.workers = workers
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -169,9 +178,9 @@ class LoadGen:
 
     def _loop(self) -> None:
         while not self.stop_event.is_set():
-            req = urllib.request.Request(
-                self.url, self.body.encode(), {"Content-Type": "application/json"}
-            )
+            body = self.bodies[next(self._next) % len(self.bodies)]
+            headers = {"Content-Type": "application/json"}
+            req = urllib.request.Request(self.url, body.encode(), headers)
             start = time.monotonic()
             try:
                 with urllib.request.urlopen(req, timeout=120) as resp:
