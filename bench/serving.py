@@ -112,10 +112,13 @@ async def run_clients(base: str, clients: int, window_s: float, max_new: int) ->
     }
 
 
-def metric_values(base: str, name: str) -> dict[str, float]:
-    """label text -> value of one metric family on /metrics ('' for an unlabelled one)."""
+def metric_values(base: str, name: str, text: str | None = None) -> dict[str, float]:
+    """label text -> value of one metric family on /metrics ('' for an unlabelled one);
+    `text`: an exposition already fetched."""
+    if text is None:
+        text = httpx.get(f"{base}/metrics", timeout=30).text
     out = {}
-    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+    for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             key, value = line.rsplit(" ", 1)
             out[key[len(name) :]] = float(value)
@@ -139,14 +142,9 @@ STEP_COUNTERS = {
 
 
 def step_counters(base: str) -> dict[str, float]:
-    """The engine's token and step counters (0 where absent)."""
-    text = httpx.get(f"{base}/metrics", timeout=30).text.splitlines()
-    out = dict.fromkeys(STEP_COUNTERS, 0.0)
-    for key, name in STEP_COUNTERS.items():
-        for line in text:
-            if line.startswith(name + " "):
-                out[key] = float(line.split()[1])
-    return out
+    """The engine's token and step counters (0 where absent), from one scrape."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    return {k: metric_values(base, name, text).get("", 0.0) for k, name in STEP_COUNTERS.items()}
 
 
 def ratio_window(base: str, app: Any, ratio: float, window_s: float, settle_s: float,
