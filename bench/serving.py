@@ -15,7 +15,9 @@ machine; --quick: 8 s windows, 1 and 8 clients, a few minutes, to check the scri
 The ratio effect: with batching on at 8 clients, the same load at each of --ratios,
 alternated --ratio-repeats times, each after an untimed --settle window, beside the
 engine's own predicted speed-up per ratio read from /metrics at the end of each window
-(--ratio-only runs just that).
+(--ratio-only runs just that). The fused-prefill effect: the same 8 clients with new
+prompts' prefill riding on the verification forward (the default) and apart, alternated
+(--no-prefill-ab skips it).
 """
 
 from __future__ import annotations
@@ -208,6 +210,33 @@ def ratio_effect_runs(
     return out
 
 
+def prefill_effect_runs(
+    base: str, app: Any, decoder: Any, repeats: int, window_s: float, max_new: int
+) -> dict[str, Any]:
+    """8 clients with new prompts' prefill riding on the verification forward and apart,
+    alternated `repeats` times; tokens/s, p99 and the prefill share of the wall time."""
+    runs: dict[bool, list[dict[str, float | None]]] = {False: [], True: []}
+    for _ in range(repeats):
+        for on in (False, True):
+            decoder.set_fused_prefill(on)
+            p0 = decoder.stats.prefill_time_s
+            res = measure(base, app, f"speculative, batching on, fused prefill {on}", 8,
+                          window_s, max_new)  # fmt: skip
+            share = (decoder.stats.prefill_time_s - p0) / res.window_s
+            runs[on].append({"tokens_per_s": res.tokens_per_s, "p99_s": res.p99_s,
+                             "prefill_share": round(share, 3)})  # fmt: skip
+    decoder.set_fused_prefill(True)
+    out: dict[str, Any] = {}
+    for on, windows in runs.items():
+        out["on" if on else "off"] = {
+            "tokens_per_s": round(statistics.fmean(w["tokens_per_s"] or 0 for w in windows), 3),
+            "windows": windows,
+        }
+    off = out["off"]["tokens_per_s"]
+    out["gain"] = round(out["on"]["tokens_per_s"] / off, 3) if off else None
+    return out
+
+
 def wait_idle(app: Any, timeout: float = 120) -> None:
     """Abandoned requests are cancelled at the server's next step; wait for that."""
     service = app.state.service
@@ -331,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ratio-repeats", type=int, default=2, help="alternations of --ratios")
     p.add_argument("--settle", type=float, default=8.0, help="untimed seconds after a switch")
     p.add_argument("--ratio-only", action="store_true", help="only the ratio effect at 8 clients")
+    p.add_argument("--no-prefill-ab", action="store_true",
+                   help="skip the fused-prefill on/off comparison at 8 clients")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="8 s windows, 1 and 8 clients")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
     args = p.parse_args(argv)
@@ -394,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
         ratio_effect["best"] = metric_values(base, "slimspec_ratio_best").get("")
         ratio_effect["can_help"] = metric_values(base, "slimspec_compression_can_help").get("")
         set_ratio(app, 0.3)
+    prefill_effect: dict[str, Any] = {}
+    if 8 in levels and not args.ratio_only and not args.no_prefill_ab:
+        set_batch(app, args.batch_on)
+        prefill_effect = prefill_effect_runs(
+            base, app, loaded["spec"], args.ratio_repeats, args.window, args.max_new_tokens
+        )
     baseline: list[RunResult] = []
     if not args.no_baseline and not args.ratio_only:
         app.state.service.swap(replace(cfg.model, draft="none", version="target-only"))
@@ -421,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         else None,
         "p99_latency_s_8_clients": on8.p99_s if on8 else None,
         "ratio_effect_8_clients": ratio_effect,
+        "fused_prefill_effect_8_clients": prefill_effect,
     }
     if before and on8:
         summary["seed_table"] = {

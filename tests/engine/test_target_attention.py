@@ -15,6 +15,7 @@ import torch
 from slimspec import SpeculativeDecoder
 from slimspec.cpu import native_kernels, target_packing
 from slimspec.cpu import target_attention as ta
+from slimspec.decoding import grouped_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tests.engine.helpers import assert_equal_up_to_bf16_ties, prompts, target_greedy_with_logits
@@ -112,7 +113,9 @@ def test_speculative_greedy_equals_the_packed_targets_own_greedy():
     target = tiny_model("qwen2", seed=5).to(torch.bfloat16)
     draft = tiny_model("qwen2", seed=6).to(torch.bfloat16)
     dec = SpeculativeDecoder.from_models(target, draft, None, num_draft_tokens=4, pack_target=True)
-    assert target.config._attn_implementation == ta.NAME
+    # the native attention, wrapped so new prompts' prefill can ride on verification
+    assert dec.fused_prefill
+    assert target.config._attn_implementation == grouped_forward.PREFIX + ta.NAME
     for p in prompts(3, TINY_VOCAB, seed=7):
         got = dec.generate(p, 20, stop_token_ids=[]).output_ids
         want, logits = target_greedy_with_logits(target, p, 20)

@@ -213,6 +213,12 @@ class CostModel:
         self.verify = VerifyCost()
         self.draft_ratio = draft_ratio
 
+    def marginal_seconds(self, tokens: int, cap: float) -> float:
+        """What `tokens` more slots add to a target forward, by the verification line's
+        slope (at most cap): the riding prompts' share of a verification."""
+        line = self.verify.line()
+        return 0.0 if line is None or tokens <= 0 else min(cap, line[1] * tokens)
+
     def relative_costs(self, rows: int) -> RelativeCosts:
         """choose_k's cost inputs for a batch of `rows` rows."""
         return relative_costs(self.verify.line(), rows, self.draft_ratio, self.verify.single_s)
@@ -225,15 +231,21 @@ class CostModel:
         catch_up_s: float | None,
         tokens: int,
         rows: int,
+        riding_tokens: int = 0,
     ) -> None:
         """One step's timing: a draft phase of k forwards (catch_up_s: see
-        draft_forward_seconds) and a verification of `tokens` tokens over `rows` rows."""
+        draft_forward_seconds) and a verification of `tokens` tokens over `rows` rows,
+        whose forward also carried `riding_tokens` slots of new prompts (they are tokens
+        of the forward like any other, so they count on the line)."""
         if target_s <= 0:
             return
         if k == 0:
-            self.verify.observe_single(target_s)
+            if riding_tokens:
+                self.verify.observe(tokens + riding_tokens, target_s)
+            else:
+                self.verify.observe_single(target_s)
             return
-        self.verify.observe(tokens, target_s)
+        self.verify.observe(tokens + riding_tokens, target_s)
         per_forward = draft_forward_seconds(draft_s, k, catch_up_s)
         unit = one_token_seconds(self.verify.line(), rows)
         if per_forward is not None and unit is not None:

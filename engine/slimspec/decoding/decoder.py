@@ -25,6 +25,7 @@ import torch
 
 from slimspec.cpu.draft_quantization import AUTO, FUSED_LOW_BIT, quantize_draft, resolve_auto
 from slimspec.cpu.target_packing import maybe_pack_target
+from slimspec.decoding import grouped_forward
 from slimspec.decoding.adaptive import CostModel, choose_batch_k
 from slimspec.decoding.compression import CompressedHead, resolve_rerank
 from slimspec.decoding.drafting import HeadDrafter
@@ -182,6 +183,7 @@ class SpeculativeDecoder:
         shadow_every: int = 8,
         prefill_batch: int = 8,
         prefill_chunk: int = 512,
+        fuse_prefill: bool | None = None,
         adaptive_skip: bool = True,
         shadow_min_samples: int = 64,
         shadow_window: int = 256,
@@ -212,6 +214,9 @@ class SpeculativeDecoder:
         self.draft_quantization = draft_quantization
         # Multi-token verification at one-token cost on CPU (cpu/target_packing.py).
         self.target_packed = maybe_pack_target(self.target, pack_target)
+        # New prompts' target prefill rides on the verification forward (after packing:
+        # it wraps the attention packing chose).
+        self.fused_prefill = grouped_forward.enable_where_wanted(self.target, fuse_prefill)
         if draft_quantization is not None:
             self.draft = quantize_draft(self.draft, draft_quantization)
             if draft_quantization in FUSED_LOW_BIT:
@@ -248,6 +253,7 @@ class SpeculativeDecoder:
             max_positions,
             prefill_batch,
             prefill_chunk,
+            self.fused_prefill,
         )
         self._step_lock = threading.Lock()
 
@@ -266,6 +272,13 @@ class SpeculativeDecoder:
         a no-op, so it does not undo a quality fallback)."""
         if self._settings.request_ratio(ratio):
             self._shadow.monitor.reset()
+
+    def set_fused_prefill(self, on: bool) -> bool:
+        """Turn riding prefill (docs/engine.md) on or off from the next step, where the
+        target supports it; returns whether it is on (benchmarks A/B it in one process)."""
+        with self._step_lock:
+            self._batch.fuse_prefill = on and self.fused_prefill
+            return self._batch.fuse_prefill
 
     @property
     def quality_threshold(self) -> float:
@@ -411,12 +424,19 @@ class SpeculativeDecoder:
     def step(self) -> list[StepOutput]:
         with self._step_lock, torch.inference_mode():
             self._compressed.before_step()
-            outputs = self._batch.admit(self.stats)
-            self._compressed.count_prompts(
-                [r.prompt_ids for r in self._batch.admitted if not r.request_id.startswith(WARMUP)]
-            )
-            if self._batch.rows:
-                outputs.extend(self._speculate())
+            try:
+                outputs = self._batch.admit(self.stats)
+                self._compressed.count_prompts(
+                    [
+                        r.prompt_ids
+                        for r in self._batch.admitted
+                        if not r.request_id.startswith(WARMUP)
+                    ]
+                )
+                if self._batch.rows:
+                    outputs.extend(self._speculate())
+            finally:
+                self._batch.drop_riding()  # landed by _speculate unless the step failed
             return outputs
 
     def _speculate(self) -> list[StepOutput]:
@@ -428,18 +448,31 @@ class SpeculativeDecoder:
         k = batch.fit_context(k)
         sampling = sampling.with_noise(k + 1, self._verifier.vocab)
         proposal = self._drafter.propose(batch, k, sampling, s.ratio, shadow)
-        verdict = self._verifier.verify(batch, proposal, sampling, want_argmax=shadow)
+        riding = batch.riding_groups()  # new prompts' target prefill shares the forward
+        verdict = self._verifier.verify(
+            batch, proposal, sampling, shadow, riding, batch.riding_sampling() if riding else None
+        )
         self._verifier.keep_accepted(batch, proposal, verdict)
         self._drafter.keep_accepted(batch, proposal, verdict.num_accepted)
         verified = len(rows) * (k + 1 + proposal.siblings.shape[1])
+        riding_tokens = sum(g.tokens for g in riding)
         self._cost.observe(
-            proposal.seconds, verdict.seconds, k, proposal.catch_up_s, verified, len(rows)
+            proposal.seconds,
+            verdict.seconds,
+            k,
+            proposal.catch_up_s,
+            verified,
+            len(rows),
+            riding_tokens,
         )
+        prefill_s = self._cost.marginal_seconds(riding_tokens, verdict.seconds)
         if shadow:
             self._compressed.shadow_check(proposal, verdict, s, self.stats)
         outcomes = verdict.outcomes(proposal)
         n_rows = len(rows)
-        outputs = batch.advance(outcomes, k, proposal.seconds, verdict.seconds, self.stats)
+        target_s = verdict.seconds - prefill_s
+        outputs = batch.advance(outcomes, k, proposal.seconds, target_s, self.stats)
+        outputs.extend(batch.land_riding(verdict.first_tokens, prefill_s, self.stats))
         accepted = [o.accepted for o in outcomes]
         self._compressed.after_step(n_rows, s, proposal, accepted, outputs)
         return outputs

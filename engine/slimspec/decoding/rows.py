@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from slimspec.decoding.adaptive import AcceptanceEstimate
+from slimspec.decoding.grouped_forward import Group
 from slimspec.decoding.kv import BatchKV, forward
 from slimspec.decoding.sampling import BatchSampling
 from slimspec.decoding.stats import DecoderStats, record_request_verification
@@ -58,6 +59,17 @@ class PrefillJob:
     @property
     def remaining(self) -> int:
         return len(self.req.prompt_ids) - 1 - self.done
+
+
+@dataclass
+class RidingPrefill:
+    """New rows whose draft cache holds their prompt and whose target prefill rides on
+    this step's verification forward (grouped_forward.py): its last position gives each
+    its first token, and they join the batch after it."""
+
+    rows: list[Row]
+    target: Group  # each whole prompt, right-aligned, into a fresh cache
+    kv_d: BatchKV
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,7 @@ class RowBatch:
         max_positions: int | None,
         prefill_batch: int,
         prefill_chunk: int = 512,
+        fuse_prefill: bool = False,
     ) -> None:
         self.rows: list[Row] = []
         self.target_kv = BatchKV(device)
@@ -121,6 +134,10 @@ class RowBatch:
         if prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1")
         self.prefill_chunk = prefill_chunk  # most prompt tokens prefilled per step
+        # Whole prompts' target prefill rides on the verification when rows are decoding
+        # (the target must be grouped_forward-enabled).
+        self.fuse_prefill = fuse_prefill
+        self.riding: list[RidingPrefill] = []
         self._prefilling: deque[PrefillJob] = deque()
         self.admitted: list[GenerationRequest] = []  # admitted by the last admit()
         self._queue_lock = threading.Lock()
@@ -209,8 +226,13 @@ class RowBatch:
                 self.target_kv.append_rows(job.kv_t)
                 self.draft_kv.append_rows(job.kv_d)
                 self._join(job.req, job.seconds)
+        ride = self.fuse_prefill and bool(self.rows)  # a verification follows this step
         for i in range(0, len(whole), self._prefill_batch):
-            self._prefill(whole[i : i + self._prefill_batch], stats)
+            chunk = whole[i : i + self._prefill_batch]
+            if ride:
+                self._prefill_draft_only(chunk, stats)
+            else:
+                self._prefill(chunk, stats)
 
     def _prefill_chunk(self, job: PrefillJob, n: int, stats: DecoderStats) -> None:
         """The next n tokens of one prompt into its own caches (they join when complete)."""
@@ -245,17 +267,81 @@ class RowBatch:
         for req in reqs:
             self._join(req, elapsed)
 
-    def _join(self, req: GenerationRequest, prefill_s: float) -> None:
-        """A prefilled request becomes a row (its caches were appended in the same order)."""
+    def _prefill_draft_only(self, reqs: list[GenerationRequest], stats: DecoderStats) -> None:
+        """The draft's prefill now; the target's rides on this step's verification, which
+        also gives each request its first token (riding)."""
+        t0 = time.perf_counter()
+        ids, pos, real = (
+            t.to(self.device) for t in right_aligned([r.prompt_ids for r in reqs], [0] * len(reqs))
+        )
+        kv_d = BatchKV(self.device)
+        forward(self._draft_base, kv_d, ids, pos, real)
+        elapsed = time.perf_counter() - t0
+        stats.prefill_time_s += elapsed
+        rows = [
+            self._new_row(req, elapsed / len(reqs), draft_seen=len(req.prompt_ids)) for req in reqs
+        ]
+        self.riding.append(RidingPrefill(rows, Group(BatchKV(self.device), ids, pos, real), kv_d))
+
+    def riding_groups(self) -> list[Group]:
+        return [r.target for r in self.riding]
+
+    def riding_sampling(self) -> BatchSampling:
+        """How the riding rows choose their first token (at the position after the prompt)."""
+        rows = [row for r in self.riding for row in r.rows]
+        return BatchSampling.for_rows(
+            [r.req.sampling for r in rows], [r.seed for r in rows], [len(r.seq) for r in rows],
+            self.device,
+        )  # fmt: skip
+
+    def land_riding(
+        self, first_tokens: Sequence[int], forward_share_s: float, stats: DecoderStats
+    ) -> list[StepOutput]:
+        """After the verification that carried them: the riding rows take their first
+        token and join the batch with their caches (or finish on that token).
+        forward_share_s: the part of the forward's time put down to their prefill."""
+        riding, self.riding = self.riding, []
+        rows = [row for r in riding for row in r.rows]
+        stats.prefill_time_s += forward_share_s
+        stats.fused_prefills += len(rows)
+        outputs: list[StepOutput] = []
+        keep = list(range(len(self.rows)))
+        for r in riding:
+            self.target_kv.append_rows(r.target.kv)
+            self.draft_kv.append_rows(r.kv_d)
+        for row, token in zip(rows, first_tokens, strict=True):
+            row.stats.prefill_time_s += forward_share_s / len(rows)
+            new_tokens, reason = self._append(row, [token])
+            stats.generated_tokens += len(new_tokens)
+            outputs.append(StepOutput(row.req.request_id, new_tokens, reason is not None, reason))
+            if reason is None:
+                keep.append(len(self.rows))
+            else:
+                self._finish(row, reason, stats)
+            self.rows.append(row)
+        if len(keep) != len(self.rows):
+            self._keep(keep)
+        return outputs
+
+    def drop_riding(self) -> None:
+        """Forget riding requests after a failed step (their target caches may be half
+        written); the step's exception reaches their callers."""
+        self.riding = []
+
+    def _new_row(self, req: GenerationRequest, prefill_s: float, draft_seen: int) -> Row:
         p = list(req.prompt_ids)
         seed = None
         if not req.sampling.greedy:
             seed = req.sampling.seed
             if seed is None:
                 seed = int.from_bytes(os.urandom(8), "little")
-        row = Row(req, p, len(p), draft_seen=len(p) - 1, seed=seed)
+        row = Row(req, p, len(p), draft_seen=draft_seen, seed=seed)
         row.stats.prefill_time_s = prefill_s
-        self.rows.append(row)
+        return row
+
+    def _join(self, req: GenerationRequest, prefill_s: float) -> None:
+        """A prefilled request becomes a row (its caches were appended in the same order)."""
+        self.rows.append(self._new_row(req, prefill_s, draft_seen=len(req.prompt_ids) - 1))
 
     def draft_backlog(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids, positions, real) on the device: the tokens each row's draft cache has not

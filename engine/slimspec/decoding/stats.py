@@ -39,6 +39,7 @@ class DecoderStats:
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
     prefill_time_s: float = 0.0
+    fused_prefills: int = 0  # requests whose target prefill rode on a verification forward
     draft_forwards: int = 0
     sibling_hits: int = 0  # verifications where a sibling draft (siblings.py) was accepted
     target_forwards: int = 0

@@ -4,13 +4,14 @@ and the exact decision of what each row keeps (sampling.py, siblings.py decide).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from slimspec.decoding.drafting import Proposal
+from slimspec.decoding.grouped_forward import Group, forward_groups
 from slimspec.decoding.kv import forward
 from slimspec.decoding.rows import RowBatch, RowOutcome
 from slimspec.decoding.sampling import BatchSampling, full_vocab_q
@@ -27,6 +28,7 @@ class Verdict:
     target_argmax: torch.Tensor | None  # (B, 1+k+m) when asked for (the shadow check)
     cache_start: int  # target cache column of the verification's first slot
     seconds: float  # the phase's time
+    first_tokens: list[int]  # the riding rows' first tokens (after their prompts)
 
     def outcomes(self, proposal: Proposal) -> list[RowOutcome]:
         """Per row: the accepted drafts, then the sibling and the target's token after it
@@ -55,8 +57,17 @@ class TargetVerifier:
         self._clock = clock  # seconds, after the device finished its queued work
 
     def verify(
-        self, batch: RowBatch, proposal: Proposal, sampling: BatchSampling, want_argmax: bool
+        self,
+        batch: RowBatch,
+        proposal: Proposal,
+        sampling: BatchSampling,
+        want_argmax: bool,
+        riding: Sequence[Group] = (),
+        riding_sampling: BatchSampling | None = None,
     ) -> Verdict:
+        """Score the proposal. `riding` groups (new whole prompts, right-aligned, with
+        their own caches) share the forward (grouped_forward.py); their last position
+        gives each its first token, chosen as riding_sampling says."""
         t0 = self._clock()
         k, m = proposal.k, proposal.siblings.shape[1]
         b, dev = len(batch.rows), batch.device
@@ -66,9 +77,16 @@ class TargetVerifier:
         pos = tree_positions(batch.last_positions(), k, m)
         real = torch.ones(b, k + 1 + m, dtype=torch.bool, device=dev)
         tree = tree_attention(k, m, dev) if m else None
-        logits = self.head(forward(self.base, batch.target_kv, ids, pos, real, tree))
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
+        first: list[int] = []
+        if riding:
+            assert riding_sampling is not None
+            mine = Group(batch.target_kv, ids, pos, real, tree)
+            hidden, *prompts = forward_groups(self.base, [mine, *riding])
+            last = torch.cat([h[:, -1:] for h in prompts])  # (n, 1, d)
+            first = self._first_tokens(self._logits(last), riding_sampling)
+        else:
+            hidden = forward(self.base, batch.target_kv, ids, pos, real, tree)
+        logits = self._logits(hidden)
         hit = torch.zeros(b, dtype=torch.bool, device=dev)
         argmax = None
         if sampling.all_greedy:
@@ -83,7 +101,24 @@ class TargetVerifier:
             if want_argmax:
                 argmax = logits.argmax(dim=-1)
         seconds = self._clock() - t0
-        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds)
+        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds, first)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def _first_tokens(self, logits: torch.Tensor, sampling: BatchSampling) -> list[int]:
+        """Each new row's token after its prompt, as a verification of zero drafts would
+        choose it (argmax, or sampled with the row's position-keyed randomness)."""
+        if sampling.all_greedy:
+            return logits[:, 0].argmax(dim=-1).tolist()
+        sampling = sampling.with_noise(1, self.vocab)
+        no_drafts = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
+        q = torch.zeros(logits.shape[0], 0, self.vocab, device=logits.device)
+        _, token = sampling.verify(sampling.warp(logits), q, no_drafts)
+        return token.tolist()
 
     def keep_accepted(self, batch: RowBatch, proposal: Proposal, verdict: Verdict) -> None:
         """The target cache keeps each row's last token and accepted drafts, and an
