@@ -53,7 +53,7 @@ from slimspec_testbed.cluster import KubeCluster
 from slimspec_testbed.control_plane import running_cluster
 from slimspec_testbed.models import real_model_pair
 from slimspec_testbed.prometheus import PrometheusServer, scrape_config, scrape_job
-from slimspec_testbed.resources import GROUP, PLURAL, VERSION, service_manifest
+from slimspec_testbed.resources import GROUP, PLURAL, VERSION, controlled_by, service_manifest
 from slimspec_testbed.tools import REPO_ROOT, free_port, tool_path
 from slimspec_testbed.tuning_scenario import (
     LoadGen,
@@ -191,9 +191,13 @@ def run_config(
         log(f"{name}: engine ready", t0)
         prom.start()
         spec["prometheus"]["url"] = prom.url
-        custom.create_namespaced_custom_object(
+        made = custom.create_namespaced_custom_object(
             GROUP, VERSION, ns, PLURAL, service_manifest(SVC, ns, **spec)
         )
+        # the ConfigMap becomes the resource's, as the reconciler would have made it (the
+        # tuner writes only to objects its resource controls)
+        owner = {"metadata": {"ownerReferences": controlled_by(made)}}
+        core.patch_namespaced_config_map(f"{SVC}-runtime", ns, owner)
         q = spec["tuning"]["queries"]
         p99_q = q["p99Latency"].replace("{namespace}", ns).replace("{service}", SVC)
         rate_q = q["requestRate"].replace("{namespace}", ns).replace("{service}", SVC)

@@ -46,7 +46,7 @@ from .contract import (
     configmap_name,
 )
 from .kube import ApiError, Kube
-from .ownership import owned_by
+from .ownership import RESOURCE_CONFLICT, owned_by
 from .prom_auth import run_queries, trigger_auth_name, trigger_authentication, with_trigger_auth
 from .queries import VECTOR_LABELS, queries_for, sample_from
 from .rollout import Event
@@ -161,11 +161,16 @@ def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any] | N
 
 def carry_out(kube: Kube, body: Mapping[str, Any], plan: TickPlan) -> None:
     """Everything after the status write: ConfigMap, scale, Events."""
-    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
     if plan.ratio is not None:
         event = plan.ratio.event
-        if not write_ratio(kube, ns, name, plan.ratio.text):
+        written = write_ratio(kube, ns, name, plan.ratio.text, meta.get("uid", ""))
+        if written == MISSING:
             event = replace(event, message=event.message + NO_CONFIGMAP)
+        elif written == NOT_OWNED:
+            text = f" (not written: ConfigMap {configmap_name(name)} is not owned by this {KIND})"
+            event = Event("Warning", RESOURCE_CONFLICT, event.message + text)
         post_event(kube, body, event)
     if plan.scale is not None:
         patch = {"spec": {"replicas": plan.scale.replicas}}
@@ -175,16 +180,29 @@ def carry_out(kube: Kube, body: Mapping[str, Any], plan: TickPlan) -> None:
         post_event(kube, body, event)
 
 
-def write_ratio(kube: Kube, namespace: str, name: str, text: str) -> bool:
-    """Patch the runtime ConfigMap's ratio; False when it does not exist yet."""
-    cm, patch = configmap_name(name), {"data": {RATIO_KEY: text}}
+WRITTEN, MISSING, NOT_OWNED = "written", "missing", "not owned"
+
+
+def write_ratio(kube: Kube, namespace: str, name: str, text: str, uid: str) -> str:
+    """Patch the runtime ConfigMap's ratio where this resource (uid) owns it, as the
+    reconciler does (ownership.py): WRITTEN, MISSING (not there yet) or NOT_OWNED (someone
+    else's object of that name: never adopted). The patch carries the resourceVersion
+    read, so an object replaced in between is not written either (409)."""
+    cm = configmap_name(name)
+    found = kube.get("ConfigMap", namespace, cm)
+    if found is None:
+        return MISSING
+    if not owned_by(found, uid):
+        return NOT_OWNED
+    version = found["metadata"].get("resourceVersion")
+    patch = {"metadata": {"resourceVersion": version}, "data": {RATIO_KEY: text}}
     try:
         kube.merge_patch("ConfigMap", namespace, cm, patch, manager=TUNER_FIELD_MANAGER)
     except ApiError as exc:
         if exc.status == 404:
-            return False
+            return MISSING
         raise
-    return True
+    return WRITTEN
 
 
 def post_event(kube: Kube, body: Mapping[str, Any], event: Event) -> None:
@@ -262,7 +280,7 @@ def _may_write(
         if found is not None and not owned_by(found, uid):
             if not mem.keda_conflict_reported:
                 text = f"{obj['kind']} {meta['name']} exists and is not owned by this {KIND}"
-                post_event(kube, body, Event("Warning", "ResourceConflict", text))
+                post_event(kube, body, Event("Warning", RESOURCE_CONFLICT, text))
                 mem.keda_conflict_reported = True
             return False
     mem.keda_conflict_reported = False

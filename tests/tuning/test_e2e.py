@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from slimspec_testbed.prometheus import PrometheusFactory, scrape_job
-from slimspec_testbed.resources import GROUP, PLURAL, VERSION, service_manifest
+from slimspec_testbed.resources import GROUP, PLURAL, VERSION, controlled_by, service_manifest
 from slimspec_testbed.tools import free_port
 from slimspec_testbed.tuning_scenario import (
     LoadGen,
@@ -117,9 +117,13 @@ def test_the_tuner_follows_the_engines_predictions_and_measures_its_moves(
         prom.url, window="15s", cooldownSeconds=15, maxStep=0.1, latencyTargetSeconds=100
     )
     spec["compression"] = {"ratio": 0.3, "minRatio": 0.1, "maxRatio": 0.9}
-    custom.create_namespaced_custom_object(
+    made = custom.create_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, service_manifest(SVC, namespace, **spec)
     )
+    # The ConfigMap is the resource's, as if the reconciler had made it: the tuner writes
+    # only to objects its resource controls.
+    owner = {"metadata": {"ownerReferences": controlled_by(made)}}
+    client.CoreV1Api(api).patch_namespaced_config_map(f"{SVC}-runtime", namespace, owner)
     q = spec["tuning"]["queries"]
     sel = {"{namespace}": namespace, "{service}": SVC}
     p99_q, rate_q = q["p99Latency"], q["requestRate"]

@@ -18,7 +18,7 @@ from slimspec_operator.contract import GROUP, KEDA_GROUP, KEDA_PLURAL, KEDA_VERS
 from slimspec_operator.kube import Kube
 from slimspec_operator.queries import DEFAULT_QUERIES, rate_window, render_query
 from slimspec_operator.tuning_tick import Memory, tick
-from slimspec_testbed.resources import service_manifest
+from slimspec_testbed.resources import controlled_by, service_manifest
 from slimspec_testbed.tools import free_port
 
 from tests.support.chart_rbac import bind_to_operator_account
@@ -50,11 +50,14 @@ class Svc:
         self.core = client.CoreV1Api(api)
         self.ns = namespace
 
-    def create(self, **spec: Any) -> None:
+    def create(self, owned: bool = True, **spec: Any) -> None:
+        """The resource, and its runtime ConfigMap as the reconciler makes it (owned), or
+        one of that name someone else made (owned=False)."""
         body = service_manifest(SVC, self.ns, **spec)
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+        made = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+        refs = controlled_by(made) if owned else None
         cm = client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(name=f"{SVC}-runtime"),
+            metadata=client.V1ObjectMeta(name=f"{SVC}-runtime", owner_references=refs),
             data={"compression_ratio": "0.3", "quality_threshold": "0.95"},
         )
         self.core.create_namespaced_config_map(self.ns, cm)
@@ -197,6 +200,34 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     st = await tick(svc.get(), mem, kube, at(220), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.3)
     assert st["compression"]["reason"] == tuner.BELOW_TARGET
+
+
+async def test_the_tuner_never_writes_a_runtime_configmap_it_does_not_own(
+    api: client.ApiClient,
+    namespace: str,
+    slimspec_crd: str,
+    prometheus_server: Any,
+    load_exporter: LoadExporter,
+) -> None:
+    """Someone else's ConfigMap under the runtime name: the tuner decides as usual, but
+    writes nothing there and says why (as the reconciler refuses it: ownership.py)."""
+    load_exporter.set(rate=5, kept=0.99)
+    load_exporter.simulate(Plant("helps", base=0.8), claims="helps")
+    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
+    svc = Svc(api, namespace)
+    svc.create(owned=False, **tuning(server.url))
+    wait_for_load(server, namespace, 5, p99=0.5)
+    kube, mem = Kube(api), Memory(started=T0)
+    await tick(svc.get(), mem, kube, at(0), force=True)
+    st = await tick(svc.get(), mem, kube, at(10), force=True)
+    assert st is not None and st["compression"]["ratio"] == pytest.approx(0.35)
+    assert svc.configmap_ratio() == "0.3"
+    conflicts = [
+        e.message
+        for e in svc.core.list_namespaced_event(namespace).items
+        if e.reason == "ResourceConflict"
+    ]
+    assert conflicts and f"ConfigMap {SVC}-runtime is not owned" in conflicts[0]
 
 
 async def test_a_change_that_made_latency_worse_is_reverted_and_backed_off(
