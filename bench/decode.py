@@ -161,13 +161,9 @@ def heldout_adaptation(target: Any, tok: Any, n_prompts: int, n: int, log: Any) 
         log(f"held-out {domain}: adapting on {len(traffic[domain])} other prompts")
         for ids in traffic[domain]:
             adapt.generate(ids, n, stop_token_ids=[])
-        ranking = adapt._compressed.traffic
-        ranking.min_new_tokens = ranking.every_tokens = 1  # a last re-rank on all it served
-        ranking.min_interval_s = 0.0
-        ranking.maybe_start(adapt.head, adapt.head_config().subset_size)
-        ranking.wait(60)
-        adapt.step()  # swaps in the last re-ranked head, if one is ready
-        ranking.enabled = False  # measured with the head adapted to *other* text only
+        # a last re-rank on all it served; then measured with the head adapted to *other*
+        # text only (frozen)
+        adapt.rerank_now(timeout=60, freeze=True)
         status = adapt.ranking_status()
         runs["r0.8_adapted"] = _strip(slimspec(adapt, prompts, n))
         runs["ranking"] = {"source": status.source, "reranks": status.reranks}

@@ -171,8 +171,8 @@ def run_config(
     prom = PrometheusServer(tool_path("prometheus"), work / f"prom-{name}", config)
     tuner = tuner_process(ns, cluster.env, work)
     tuner.log_path = work / f"tuner-{name}.log"
-    prompts = heldout_prompts(cfg["prompts"]) if "prompts" in cfg else []
-    load = LoadGen(url, workers=CLIENTS, max_length=MAX_LENGTH, prompt=PROMPT, prompts=prompts)
+    prompts = heldout_prompts(cfg["prompts"]) if "prompts" in cfg else [PROMPT]
+    load = LoadGen(url, workers=CLIENTS, max_length=MAX_LENGTH, prompts=prompts)
     spec = service_spec(
         "http://127.0.0.1:1",  # replaced below, once Prometheus has its port
         window="15s",

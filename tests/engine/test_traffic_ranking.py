@@ -200,6 +200,7 @@ def test_prompts_count_at_a_lower_weight_and_warmup_not_at_all(tiny_llama_pair):
     traffic.min_new_tokens = 10**9  # counting only
     dec.warmup()
     warm, warm_recent = traffic.counts.clone(), len(traffic.recent)
+    assert float(warm.sum()) == 0 and warm_recent == 0  # neither prompts nor tokens
     p = prompts(1, TINY_VOCAB, seed=44, lengths=(9,))[0]
     p = p + p[:3]  # repeated tokens count once: which words, not how often
     out = dec.generate(p, 1, stop_token_ids=[]).output_ids  # one emitted token
@@ -209,3 +210,26 @@ def test_prompts_count_at_a_lower_weight_and_warmup_not_at_all(tiny_llama_pair):
     assert torch.allclose(traffic.counts - warm, want)
     # the coverage window holds what the target emitted, not the prompt
     assert len(traffic.recent) == warm_recent + 1 and traffic.recent[-1] == out[-1]
+
+
+def test_rerank_now_swaps_a_traffic_ranked_head_in_and_can_freeze_it(tiny_llama_pair):
+    """The benchmarks' last re-rank: on everything counted, swapped in on return, and
+    frozen (no counting, no re-rank) when asked; output stays the target's."""
+    target, draft = tiny_llama_pair
+    p = prompts(1, TINY_VOCAB, seed=45, lengths=(7,))[0]
+    dec = SpeculativeDecoder.from_models(
+        target, draft, compression_ratio=0.8, num_draft_tokens=3,
+        calibration=_bad_ranking(target, p, 40), fallback_strategy="none",
+    )  # fmt: skip
+    traffic = dec._compressed.traffic
+    traffic.min_new_tokens, traffic.prior_tokens = 10**9, 1  # never due by itself
+    want = target_greedy(target, p, 40)
+    assert dec.generate(p, 40, stop_token_ids=[]).output_ids == want
+    before = dec.head
+    assert dec.ranking_status().reranks == 0
+    assert dec.rerank_now(timeout=30, freeze=True)
+    assert dec.head is not before and dec.ranking_status().source == "traffic"
+    counted = float(traffic.total)
+    assert dec.generate(p, 40, stop_token_ids=[]).output_ids == want
+    assert float(traffic.total) == counted and dec.ranking_status().reranks == 1
+    assert not dec.rerank_now(timeout=30)  # frozen: nothing more to swap in

@@ -118,6 +118,23 @@ def p99_now(server: Any, namespace: str, check: Any, timeout: float = 40) -> Non
     )
 
 
+def where_the_ratio_helps(
+    api: client.ApiClient,
+    namespace: str,
+    prometheus_server: Any,
+    load_exporter: LoadExporter,
+    owned: bool = True,
+) -> tuple[Svc, Any]:
+    """A simulated engine whose p99 falls with the ratio, and says so in its predictions;
+    Prometheus scraping it; the resource (tuning on) and its runtime ConfigMap."""
+    load_exporter.set(rate=5, kept=0.99)
+    load_exporter.simulate(Plant("helps", base=0.8), claims="helps")
+    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
+    svc = Svc(api, namespace)
+    svc.create(owned=owned, **tuning(server.url))
+    return svc, server
+
+
 async def test_ratio_rises_holds_without_prometheus_and_resumes(
     api: client.ApiClient,
     namespace: str,
@@ -125,12 +142,7 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     prometheus_server: Any,
     load_exporter: LoadExporter,
 ) -> None:
-    # A simulated engine whose p99 falls with the ratio, and says so in its predictions.
-    load_exporter.set(rate=5, kept=0.99)
-    load_exporter.simulate(Plant("helps", base=0.8), claims="helps")
-    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
-    svc = Svc(api, namespace)
-    svc.create(**tuning(server.url))
+    svc, server = where_the_ratio_helps(api, namespace, prometheus_server, load_exporter)
     load_exporter.follow(svc.core, namespace, f"{SVC}-runtime")
     wait_for_load(server, namespace, 5, p99=0.5)
 
@@ -211,11 +223,9 @@ async def test_the_tuner_never_writes_a_runtime_configmap_it_does_not_own(
 ) -> None:
     """Someone else's ConfigMap under the runtime name: the tuner decides as usual, but
     writes nothing there and says why (as the reconciler refuses it: ownership.py)."""
-    load_exporter.set(rate=5, kept=0.99)
-    load_exporter.simulate(Plant("helps", base=0.8), claims="helps")
-    server = start_prometheus(prometheus_server, load_exporter.target, namespace, SVC)
-    svc = Svc(api, namespace)
-    svc.create(owned=False, **tuning(server.url))
+    svc, server = where_the_ratio_helps(
+        api, namespace, prometheus_server, load_exporter, owned=False
+    )
     wait_for_load(server, namespace, 5, p99=0.5)
     kube, mem = Kube(api), Memory(started=T0)
     await tick(svc.get(), mem, kube, at(0), force=True)

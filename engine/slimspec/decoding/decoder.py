@@ -332,6 +332,24 @@ class SpeculativeDecoder:
         """Where the head's token ranking comes from, its age and coverage."""
         return self._compressed.ranking_status()
 
+    def rerank_now(self, timeout: float = 60.0, freeze: bool = False) -> bool:
+        """Re-rank the head on all the traffic counted so far, wait for it and swap it in
+        (benchmarks; re-ranking must be on); freeze: no re-ranking after it. True when a
+        re-ranked head is in use on return."""
+        traffic = self._compressed.traffic
+        traffic.wait(timeout)  # one already running first
+        with self._step_lock:
+            started = traffic.maybe_start(self.head, self.head_config().subset_size, now=True)
+        if started:
+            traffic.wait(timeout)
+        with self._step_lock:
+            before = self.head
+            self._compressed.before_step()
+            swapped = self.head is not before
+            if freeze:
+                traffic.enabled = False
+        return swapped
+
     def head_config(self, ratio: float | None = None) -> HeadConfig:
         """The concrete head used at a ratio (the ratio in force by default)."""
         r = self._settings.ratio if ratio is None else check_ratio(ratio)
@@ -474,7 +492,8 @@ class SpeculativeDecoder:
         outputs = batch.advance(outcomes, k, proposal.seconds, target_s, self.stats)
         outputs.extend(batch.land_riding(verdict.first_tokens, prefill_s, self.stats))
         accepted = [o.accepted for o in outcomes]
-        self._compressed.after_step(n_rows, s, proposal, accepted, outputs)
+        served = [o for o in outputs if not o.request_id.startswith(WARMUP)]  # not traffic
+        self._compressed.after_step(n_rows, s, proposal, accepted, served)
         return outputs
 
     def _choose_k(self, s: StepSettings) -> int:

@@ -186,14 +186,17 @@ class TrafficRanking:
         recent = torch.tensor(list(self.recent), dtype=torch.long)
         return coverage(recent, self._rank_of, subset_size)
 
-    def maybe_start(self, head: DraftHead, subset_size: int) -> bool:
-        """Start a background re-rank if one is due (step thread); True if started."""
+    def maybe_start(self, head: DraftHead, subset_size: int, now: bool = False) -> bool:
+        """Start a background re-rank if one is due, or (now) on whatever was counted
+        unless one is running (step thread); True if started."""
         if not self.enabled:
             return False
         running = self._thread is not None and self._thread.is_alive()
+        if now and running:
+            return False
         since = time.monotonic() - self._last
         cover = self.coverage(subset_size)
-        if not rerank_due(
+        if not now and not rerank_due(
             self._new,
             cover,
             since,

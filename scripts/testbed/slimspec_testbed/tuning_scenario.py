@@ -160,14 +160,13 @@ class LoadGen:
         base_url: str,
         workers: int = 2,
         max_length: int = 4,
-        prompt: str = "The capital of France is",
-        prompts: Sequence[str] = (),
+        prompts: Sequence[str] = ("The capital of France is",),
     ) -> None:
-        """`prompts`, when given, are sent in turn (shared by all workers) instead of `prompt`."""
+        """`prompts` are sent in turn (shared by all workers)."""
+        if not prompts:
+            raise ValueError("LoadGen needs at least one prompt")
         self.url = f"{base_url}/infer"
-        self.bodies = [
-            json.dumps({"input": p, "max_length": max_length}) for p in (prompts or [prompt])
-        ]
+        self.bodies = [json.dumps({"input": p, "max_length": max_length}) for p in prompts]
         self._next = itertools.count()
         self.workers = workers
         self.stop_event = threading.Event()
