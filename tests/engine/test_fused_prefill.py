@@ -1,6 +1,6 @@
 """A new request's target prefill rides on the batch's verification forward
-(decoding/grouped_forward.py) and gives it its first token there; outputs stay the
-target's. fp32, tiny random models (the serving gain is in bench/serving.py)."""
+(decoding/grouped_forward.py), with the drafts made for it in the same step; outputs
+stay the target's. fp32, tiny random models (the serving gain is in bench/serving.py)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ def test_one_grouped_forward_equals_a_forward_per_group(arch):
     torch.testing.assert_close(forward(base, kv_e, *new, real), want_a)
 
 
-def _run_with_arrivals(dec, first, later, after_steps=2):
-    """Run `first`, add `later` once the batch is decoding; every request's tokens."""
+def _run_with_arrivals(dec, first, later, after_steps=2, first_chunks=None):
+    """Run `first`, add `later` once the batch is decoding; every request's tokens
+    (first_chunks: each request's tokens from its first step)."""
     got: dict[str, list[int]] = {}
     reasons: dict[str, str] = {}
     for r in first:
@@ -64,6 +65,8 @@ def _run_with_arrivals(dec, first, later, after_steps=2):
     steps = 0
     while dec.has_work():
         for out in dec.step():
+            if first_chunks is not None and out.request_id not in got:
+                first_chunks[out.request_id] = len(out.new_token_ids)
             got.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:
                 reasons[out.request_id] = out.finish_reason
@@ -81,21 +84,24 @@ def test_arrivals_ride_on_the_verification_and_stay_exact(tiny_llama_pair):
     ps = prompts(6, TINY_VOCAB, seed=31)  # lengths 1, 2, 5, 9, 17, 1
     first = [GenerationRequest(f"r{i}", ps[i], N_NEW) for i in (0, 1)]
     later = [GenerationRequest(f"r{i}", ps[i], N_NEW - i) for i in (2, 3, 4, 5)]
-    one = GenerationRequest("one", ps[3], 1)  # finishes on the token its prefill gives
+    one = GenerationRequest("one", ps[3], 1)  # finishes in the step that prefills it
     stop_at = target_greedy(target, ps[4], 1)[0]
     stop = GenerationRequest("stop", ps[4], N_NEW, stop_token_ids=frozenset({stop_at}))
-    got, reasons = _run_with_arrivals(dec, first, [*later, one, stop])
+    chunks: dict[str, int] = {}
+    got, reasons = _run_with_arrivals(dec, first, [*later, one, stop], first_chunks=chunks)
     for r in [*first, *later, one]:
         assert got[r.request_id] == target_greedy(target, list(r.prompt_ids), r.max_new_tokens)
         assert reasons[r.request_id] == "length"
     assert got["stop"] == [stop_at] and reasons["stop"] == "stop"
     assert dec.stats.fused_prefills == len(later) + 2  # every arrival rode
+    # ... and was drafted for in that same step: accepted drafts came with its first token
+    assert max(chunks[r.request_id] for r in later) > 1
     assert not dec.has_work() and not dec._batch.rows
 
 
 def test_seeded_arrival_samples_what_it_samples_alone(tiny_llama_pair):
-    """Seeded sampling is keyed by position, so a request that rides (its first token from
-    the prefill forward) gets the tokens it gets when it runs alone."""
+    """Seeded sampling is keyed by position, so a request that rides (its first tokens
+    verified in the forward that prefills it) gets the tokens it gets when it runs alone."""
     target, draft = tiny_llama_pair
     sp = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, seed=1234)
     req = GenerationRequest("s", [7, 8, 9, 10], N_NEW, sp)

@@ -215,8 +215,11 @@ class SpeculativeDecoder:
         # Multi-token verification at one-token cost on CPU (cpu/target_packing.py).
         self.target_packed = maybe_pack_target(self.target, pack_target)
         # New prompts' target prefill rides on the verification forward (after packing:
-        # it wraps the attention packing chose).
-        self.fused_prefill = grouped_forward.enable_where_wanted(self.target, fuse_prefill)
+        # it wraps the attention packing chose; not with sibling drafts, whose tree
+        # attention is the batch's).
+        self.fused_prefill = siblings == 0 and grouped_forward.enable_where_wanted(
+            self.target, fuse_prefill
+        )
         if draft_quantization is not None:
             self.draft = quantize_draft(self.draft, draft_quantization)
             if draft_quantization in FUSED_LOW_BIT:
@@ -466,14 +469,12 @@ class SpeculativeDecoder:
         k = batch.fit_context(k)
         sampling = sampling.with_noise(k + 1, self._verifier.vocab)
         proposal = self._drafter.propose(batch, k, sampling, s.ratio, shadow)
-        riding = batch.riding_groups()  # new prompts' target prefill shares the forward
-        verdict = self._verifier.verify(
-            batch, proposal, sampling, shadow, riding, batch.riding_sampling() if riding else None
-        )
+        # new rows' prompts share the verification forward: their slots are prefill
+        riding_tokens = sum(g.tokens for g in batch.riding_groups())
+        verdict = self._verifier.verify(batch, proposal, sampling, want_argmax=shadow)
         self._verifier.keep_accepted(batch, proposal, verdict)
         self._drafter.keep_accepted(batch, proposal, verdict.num_accepted)
         verified = len(rows) * (k + 1 + proposal.siblings.shape[1])
-        riding_tokens = sum(g.tokens for g in riding)
         self._cost.observe(
             proposal.seconds,
             verdict.seconds,
@@ -489,8 +490,8 @@ class SpeculativeDecoder:
         outcomes = verdict.outcomes(proposal)
         n_rows = len(rows)
         target_s = verdict.seconds - prefill_s
+        self.stats.prefill_time_s += prefill_s
         outputs = batch.advance(outcomes, k, proposal.seconds, target_s, self.stats)
-        outputs.extend(batch.land_riding(verdict.first_tokens, prefill_s, self.stats))
         accepted = [o.accepted for o in outcomes]
         served = [o for o in outputs if not o.request_id.startswith(WARMUP)]  # not traffic
         self._compressed.after_step(n_rows, s, proposal, accepted, served)

@@ -61,17 +61,6 @@ class PrefillJob:
         return len(self.req.prompt_ids) - 1 - self.done
 
 
-@dataclass
-class RidingPrefill:
-    """New rows whose draft cache holds their prompt and whose target prefill rides on
-    this step's verification forward (grouped_forward.py): its last position gives each
-    its first token, and they join the batch after it."""
-
-    rows: list[Row]
-    target: Group  # each whole prompt, right-aligned, into a fresh cache
-    kv_d: BatchKV
-
-
 @dataclass(frozen=True)
 class RowOutcome:
     """What one verification gives a row: the tokens to emit, how many drafts the target
@@ -135,9 +124,9 @@ class RowBatch:
             raise ValueError("prefill_chunk must be >= 1")
         self.prefill_chunk = prefill_chunk  # most prompt tokens prefilled per step
         # Whole prompts' target prefill rides on the verification when rows are decoding
-        # (the target must be grouped_forward-enabled).
+        # (the target must be grouped_forward-enabled; no sibling drafts).
         self.fuse_prefill = fuse_prefill
-        self.riding: list[RidingPrefill] = []
+        self.riding: list[Group] = []  # target prefill of the last n_riding rows
         self._prefilling: deque[PrefillJob] = deque()
         self.admitted: list[GenerationRequest] = []  # admitted by the last admit()
         self._queue_lock = threading.Lock()
@@ -268,80 +257,83 @@ class RowBatch:
             self._join(req, elapsed)
 
     def _prefill_draft_only(self, reqs: list[GenerationRequest], stats: DecoderStats) -> None:
-        """The draft's prefill now; the target's rides on this step's verification, which
-        also gives each request its first token (riding)."""
+        """Whole prompts while rows are decoding: the draft's prefill now, and the rows
+        join at once (last in the batch), so this step drafts for them too; their target
+        prefill rides on this step's verification forward with their drafts (riding)."""
         t0 = time.perf_counter()
-        ids, pos, real = (
-            t.to(self.device) for t in right_aligned([r.prompt_ids for r in reqs], [0] * len(reqs))
+        prompts = [list(r.prompt_ids) for r in reqs]
+        d_ids, d_pos, d_real = (
+            t.to(self.device) for t in right_aligned([p[:-1] for p in prompts], [0] * len(reqs))
         )
         kv_d = BatchKV(self.device)
-        forward(self._draft_base, kv_d, ids, pos, real)
+        forward(self._draft_base, kv_d, d_ids, d_pos, d_real)
+        self.draft_kv.append_rows(kv_d)
         elapsed = time.perf_counter() - t0
         stats.prefill_time_s += elapsed
-        rows = [
-            self._new_row(req, elapsed / len(reqs), draft_seen=len(req.prompt_ids)) for req in reqs
-        ]
-        self.riding.append(RidingPrefill(rows, Group(BatchKV(self.device), ids, pos, real), kv_d))
+        stats.fused_prefills += len(reqs)
+        for req in reqs:
+            self._join(req, elapsed / len(reqs))
+        ids, pos, real = (t.to(self.device) for t in right_aligned(prompts, [0] * len(reqs)))
+        self.riding.append(Group(BatchKV(self.device), ids, pos, real))
 
-    def riding_groups(self) -> list[Group]:
-        return [r.target for r in self.riding]
+    @property
+    def n_riding(self) -> int:
+        """Rows at the end of the batch whose target cache is not in target_kv yet."""
+        return sum(g.ids.shape[0] for g in self.riding)
 
-    def riding_sampling(self) -> BatchSampling:
-        """How the riding rows choose their first token (at the position after the prompt)."""
-        rows = [row for r in self.riding for row in r.rows]
-        return BatchSampling.for_rows(
-            [r.req.sampling for r in rows], [r.seed for r in rows], [len(r.seq) for r in rows],
-            self.device,
-        )  # fmt: skip
+    def riding_groups(self, drafts: torch.Tensor | None = None) -> list[Group]:
+        """The riding rows' target groups: each whole prompt, right-aligned, then (given
+        drafts (n_riding, k)) the row's drafts at the positions after it."""
+        if drafts is None or drafts.shape[1] == 0:
+            return list(self.riding)
+        out, start = [], 0
+        k = drafts.shape[1]
+        for g in self.riding:
+            n = g.ids.shape[0]
+            steps = torch.arange(1, k + 1, device=self.device).unsqueeze(0)
+            out.append(
+                Group(
+                    g.kv,
+                    torch.cat([g.ids, drafts[start : start + n]], dim=1),
+                    torch.cat([g.pos, g.pos[:, -1:] + steps], dim=1),
+                    torch.cat([g.real, torch.ones(n, k, dtype=torch.bool, device=self.device)], 1),
+                )
+            )
+            start += n
+        return out
 
-    def land_riding(
-        self, first_tokens: Sequence[int], forward_share_s: float, stats: DecoderStats
-    ) -> list[StepOutput]:
-        """After the verification that carried them: the riding rows take their first
-        token and join the batch with their caches (or finish on that token).
-        forward_share_s: the part of the forward's time put down to their prefill."""
-        riding, self.riding = self.riding, []
-        rows = [row for r in riding for row in r.rows]
-        stats.prefill_time_s += forward_share_s
-        stats.fused_prefills += len(rows)
-        outputs: list[StepOutput] = []
-        keep = list(range(len(self.rows)))
-        for r in riding:
-            self.target_kv.append_rows(r.target.kv)
-            self.draft_kv.append_rows(r.kv_d)
-        for row, token in zip(rows, first_tokens, strict=True):
-            row.stats.prefill_time_s += forward_share_s / len(rows)
-            new_tokens, reason = self._append(row, [token])
-            stats.generated_tokens += len(new_tokens)
-            outputs.append(StepOutput(row.req.request_id, new_tokens, reason is not None, reason))
-            if reason is None:
-                keep.append(len(self.rows))
-            else:
-                self._finish(row, reason, stats)
-            self.rows.append(row)
-        if len(keep) != len(self.rows):
-            self._keep(keep)
-        return outputs
-
-    def drop_riding(self) -> None:
-        """Forget riding requests after a failed step (their target caches may be half
-        written); the step's exception reaches their callers."""
+    def land_riding(self, accepted: torch.Tensor) -> None:
+        """After the verification that carried them: each riding row's target cache keeps
+        its prompt and accepted drafts (accepted (n_riding,)), and joins target_kv."""
+        start = 0
+        for g in self.riding:
+            n, width = g.ids.shape
+            g.kv.invalidate_tail(width, accepted[start : start + n])
+            self.target_kv.append_rows(g.kv)
+            start += n
         self.riding = []
 
-    def _new_row(self, req: GenerationRequest, prefill_s: float, draft_seen: int) -> Row:
+    def drop_riding(self) -> None:
+        """After a failed step: riding rows whose target cache may be half written leave
+        the batch (the step's exception reaches their callers)."""
+        n = self.n_riding
+        self.riding = []
+        if n:
+            keep = list(range(len(self.rows) - n))
+            self.rows = self.rows[: len(keep)]
+            self.draft_kv.select_rows(keep)
+
+    def _join(self, req: GenerationRequest, prefill_s: float) -> None:
+        """A prefilled request becomes a row (its caches were appended in the same order)."""
         p = list(req.prompt_ids)
         seed = None
         if not req.sampling.greedy:
             seed = req.sampling.seed
             if seed is None:
                 seed = int.from_bytes(os.urandom(8), "little")
-        row = Row(req, p, len(p), draft_seen=draft_seen, seed=seed)
+        row = Row(req, p, len(p), draft_seen=len(p) - 1, seed=seed)
         row.stats.prefill_time_s = prefill_s
-        return row
-
-    def _join(self, req: GenerationRequest, prefill_s: float) -> None:
-        """A prefilled request becomes a row (its caches were appended in the same order)."""
-        self.rows.append(self._new_row(req, prefill_s, draft_seen=len(req.prompt_ids) - 1))
+        self.rows.append(row)
 
     def draft_backlog(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids, positions, real) on the device: the tokens each row's draft cache has not

@@ -4,7 +4,7 @@ and the exact decision of what each row keeps (sampling.py, siblings.py decide).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,6 @@ class Verdict:
     target_argmax: torch.Tensor | None  # (B, 1+k+m) when asked for (the shadow check)
     cache_start: int  # target cache column of the verification's first slot
     seconds: float  # the phase's time
-    first_tokens: list[int]  # the riding rows' first tokens (after their prompts)
 
     def outcomes(self, proposal: Proposal) -> list[RowOutcome]:
         """Per row: the accepted drafts, then the sibling and the target's token after it
@@ -57,37 +56,34 @@ class TargetVerifier:
         self._clock = clock  # seconds, after the device finished its queued work
 
     def verify(
-        self,
-        batch: RowBatch,
-        proposal: Proposal,
-        sampling: BatchSampling,
-        want_argmax: bool,
-        riding: Sequence[Group] = (),
-        riding_sampling: BatchSampling | None = None,
+        self, batch: RowBatch, proposal: Proposal, sampling: BatchSampling, want_argmax: bool
     ) -> Verdict:
-        """Score the proposal. `riding` groups (new whole prompts, right-aligned, with
-        their own caches) share the forward (grouped_forward.py); their last position
-        gives each its first token, chosen as riding_sampling says."""
+        """Score the proposal for every row. The batch's last n_riding rows are new: their
+        whole prompt and drafts go in as groups of their own (fresh caches) in the same
+        forward (grouped_forward.py), read at the last k+1 positions."""
         t0 = self._clock()
         k, m = proposal.k, proposal.siblings.shape[1]
-        b, dev = len(batch.rows), batch.device
+        n_all, dev = len(batch.rows), batch.device
+        riding = batch.riding_groups(proposal.tokens[n_all - batch.n_riding :])
+        b = n_all - batch.n_riding  # rows with a target cache
         cache_start = batch.target_kv.length
-        last = torch.tensor([r.seq[-1] for r in batch.rows], device=dev).unsqueeze(1)
-        ids = torch.cat([last, proposal.tokens, proposal.siblings], dim=1)
-        pos = tree_positions(batch.last_positions(), k, m)
+        last = torch.tensor([r.seq[-1] for r in batch.rows[:b]], device=dev).unsqueeze(1)
+        ids = torch.cat([last, proposal.tokens[:b], proposal.siblings[:b]], dim=1)
+        pos = tree_positions(batch.last_positions()[:b], k, m)
         real = torch.ones(b, k + 1 + m, dtype=torch.bool, device=dev)
         tree = tree_attention(k, m, dev) if m else None
-        first: list[int] = []
         if riding:
-            assert riding_sampling is not None
+            if m:
+                raise RuntimeError("riding prefill does not take sibling drafts")
             mine = Group(batch.target_kv, ids, pos, real, tree)
-            hidden, *prompts = forward_groups(self.base, [mine, *riding])
-            last = torch.cat([h[:, -1:] for h in prompts])  # (n, 1, d)
-            first = self._first_tokens(self._logits(last), riding_sampling)
+            hidden, *new = forward_groups(self.base, [mine, *riding])
+            hidden = torch.cat([hidden, *(h[:, -(k + 1) :] for h in new)])
         else:
             hidden = forward(self.base, batch.target_kv, ids, pos, real, tree)
-        logits = self._logits(hidden)
-        hit = torch.zeros(b, dtype=torch.bool, device=dev)
+        logits = self.head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        hit = torch.zeros(n_all, dtype=torch.bool, device=dev)
         argmax = None
         if sampling.all_greedy:
             argmax = logits.argmax(dim=-1)
@@ -96,35 +92,19 @@ class TargetVerifier:
             )
         else:
             p = sampling.warp(logits)
-            q = full_vocab_q(proposal.q, proposal.token_ids, self.vocab, b)
+            q = full_vocab_q(proposal.q, proposal.token_ids, self.vocab, n_all)
             num_acc, next_tok = sampling.verify(p, q, proposal.tokens)
             if want_argmax:
                 argmax = logits.argmax(dim=-1)
         seconds = self._clock() - t0
-        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds, first)
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head(hidden)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
-
-    def _first_tokens(self, logits: torch.Tensor, sampling: BatchSampling) -> list[int]:
-        """Each new row's token after its prompt, as a verification of zero drafts would
-        choose it (argmax, or sampled with the row's position-keyed randomness)."""
-        if sampling.all_greedy:
-            return logits[:, 0].argmax(dim=-1).tolist()
-        sampling = sampling.with_noise(1, self.vocab)
-        no_drafts = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
-        q = torch.zeros(logits.shape[0], 0, self.vocab, device=logits.device)
-        _, token = sampling.verify(sampling.warp(logits), q, no_drafts)
-        return token.tolist()
+        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds)
 
     def keep_accepted(self, batch: RowBatch, proposal: Proposal, verdict: Verdict) -> None:
         """The target cache keeps each row's last token and accepted drafts, and an
         accepted sibling's slot, which sits behind the chain's."""
-        kv = batch.target_kv
-        kv.invalidate_tail(verdict.cache_start, verdict.num_accepted + 1)
+        kv, b = batch.target_kv, len(batch.rows) - batch.n_riding
+        kv.invalidate_tail(verdict.cache_start, verdict.num_accepted[:b] + 1)
+        batch.land_riding(verdict.num_accepted[b:])  # the new rows' caches join
         if proposal.siblings.shape[1]:
             hit_rows = torch.nonzero(verdict.sibling_hit).squeeze(1)
             if hit_rows.numel():
