@@ -109,6 +109,7 @@ class DecoderStats:
             "draft_time_s": self.draft_time_s,
             "target_time_s": self.target_time_s,
             "prefill_time_s": self.prefill_time_s,
+            "fused_prefills": self.fused_prefills,
             "draft_target_time_ratio": self.draft_target_time_ratio,
             "fallbacks": dict(self.fallbacks),
             "kept_acceptance": self.kept_acceptance,
