@@ -217,11 +217,7 @@ class RowBatch:
                 self._join(job.req, job.seconds)
         ride = self.fuse_prefill and bool(self.rows)  # a verification follows this step
         for i in range(0, len(whole), self._prefill_batch):
-            chunk = whole[i : i + self._prefill_batch]
-            if ride:
-                self._prefill_draft_only(chunk, stats)
-            else:
-                self._prefill(chunk, stats)
+            self._prefill(whole[i : i + self._prefill_batch], stats, ride)
 
     def _prefill_chunk(self, job: PrefillJob, n: int, stats: DecoderStats) -> None:
         """The next n tokens of one prompt into its own caches (they join when complete)."""
@@ -238,43 +234,33 @@ class RowBatch:
         job.seconds += elapsed
         stats.prefill_time_s += elapsed
 
-    def _prefill(self, reqs: list[GenerationRequest], stats: DecoderStats) -> None:
+    def _prefill(
+        self, reqs: list[GenerationRequest], stats: DecoderStats, ride: bool = False
+    ) -> None:
         """Prefill prompt[:-1] of several requests in one forward per model, then join the
-        batch (a one-token prompt gets a single hole slot)."""
+        batch (a one-token prompt gets a single hole slot). ride: rows are decoding, so
+        only the draft's prefill runs now; the target's rides on this step's verification
+        forward, each whole prompt followed by the drafts this step makes for it."""
         t0 = time.perf_counter()
         prompts = [list(r.prompt_ids) for r in reqs]
         ids, pos, real = (
             t.to(self.device) for t in right_aligned([p[:-1] for p in prompts], [0] * len(prompts))
         )
-        kv_t, kv_d = BatchKV(self.device), BatchKV(self.device)
-        forward(self._target_base, kv_t, ids, pos, real)
+        kv_d = BatchKV(self.device)
         forward(self._draft_base, kv_d, ids, pos, real)
-        self.target_kv.append_rows(kv_t)
+        if ride:
+            whole = right_aligned(prompts, [0] * len(prompts))
+            self.riding.append(Group(BatchKV(self.device), *(t.to(self.device) for t in whole)))
+            stats.fused_prefills += len(reqs)
+        else:
+            kv_t = BatchKV(self.device)
+            forward(self._target_base, kv_t, ids, pos, real)
+            self.target_kv.append_rows(kv_t)
         self.draft_kv.append_rows(kv_d)
         elapsed = time.perf_counter() - t0
         stats.prefill_time_s += elapsed
         for req in reqs:
             self._join(req, elapsed)
-
-    def _prefill_draft_only(self, reqs: list[GenerationRequest], stats: DecoderStats) -> None:
-        """Whole prompts while rows are decoding: the draft's prefill now, and the rows
-        join at once (last in the batch), so this step drafts for them too; their target
-        prefill rides on this step's verification forward with their drafts (riding)."""
-        t0 = time.perf_counter()
-        prompts = [list(r.prompt_ids) for r in reqs]
-        d_ids, d_pos, d_real = (
-            t.to(self.device) for t in right_aligned([p[:-1] for p in prompts], [0] * len(reqs))
-        )
-        kv_d = BatchKV(self.device)
-        forward(self._draft_base, kv_d, d_ids, d_pos, d_real)
-        self.draft_kv.append_rows(kv_d)
-        elapsed = time.perf_counter() - t0
-        stats.prefill_time_s += elapsed
-        stats.fused_prefills += len(reqs)
-        for req in reqs:
-            self._join(req, elapsed / len(reqs))
-        ids, pos, real = (t.to(self.device) for t in right_aligned(prompts, [0] * len(reqs)))
-        self.riding.append(Group(BatchKV(self.device), ids, pos, real))
 
     @property
     def n_riding(self) -> int:
@@ -288,9 +274,9 @@ class RowBatch:
             return list(self.riding)
         out, start = [], 0
         k = drafts.shape[1]
+        steps = torch.arange(1, k + 1, device=self.device).unsqueeze(0)
         for g in self.riding:
             n = g.ids.shape[0]
-            steps = torch.arange(1, k + 1, device=self.device).unsqueeze(0)
             out.append(
                 Group(
                     g.kv,

@@ -8,7 +8,8 @@ import copy
 from typing import Any
 
 import yaml
-from slimspec_operator.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from slimspec_operator.contract import API_VERSION, GROUP, PLURAL, VERSION
+from slimspec_operator.manifests import owner_reference
 
 from slimspec_testbed.images import ImageTags
 from slimspec_testbed.tools import REPO_ROOT
@@ -93,15 +94,6 @@ def with_version(body: dict[str, Any], version: str) -> dict[str, Any]:
 
 def controlled_by(owner: dict[str, Any]) -> list[dict[str, Any]]:
     """ownerReferences naming `owner` (a SlimSpecService as the API server returned it) as
-    controller: what the reconciler puts on the objects it makes, and what the operator
-    checks before it writes to one (slimspec_operator/ownership.py)."""
-    meta = owner["metadata"]
-    return [
-        {
-            "apiVersion": API_VERSION,
-            "kind": owner.get("kind", KIND),
-            "name": meta["name"],
-            "uid": meta["uid"],
-            "controller": True,
-        }
-    ]
+    controller, as the reconciler puts them on the objects it makes (what the operator
+    checks before it writes to one: slimspec_operator/ownership.py)."""
+    return [owner_reference(owner["metadata"]["name"], owner["metadata"]["uid"])]
