@@ -158,6 +158,10 @@ def test_metrics_exposes_contract_names(server: str) -> None:
     drafted = float(re.search(r"^slimspec_draft_tokens_total ([\d.e+]+)$", text, re.M).group(1))
     generated = re.search(r"^slimspec_generated_tokens_total ([\d.e+]+)$", text, re.M)
     assert drafted > 0 and float(generated.group(1)) > 0
+    for phase in ("draft", "verify", "prefill"):
+        line = rf'^slimspec_engine_seconds_total{{phase="{phase}"}} ([\d.e+-]+)$'
+        assert float(re.search(line, text, re.M).group(1)) > 0, phase
+    assert re.search(r"^slimspec_fused_prefills_total [\d.e+]+$", text, re.M)
 
 
 def test_admin_auth(server: str) -> None:

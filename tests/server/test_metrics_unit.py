@@ -42,16 +42,25 @@ def test_observe_step_turns_cumulative_stats_into_counters() -> None:
         fallbacks=Counter(),
         kept_acceptance=0.9,
         recent_mean_accepted_length=2.5,
+        draft_time_s=0.5,
+        target_time_s=1.0,
+        prefill_time_s=0.25,
+        fused_prefills=1,
     )
     eng = SimpleNamespace(stats=stats, compression_ratio=0.2)
     m.observe_step(eng, 3)
     stats.drafted, stats.accepted, stats.verify_steps = 14, 9, 6
+    stats.draft_time_s, stats.target_time_s, stats.fused_prefills = 0.75, 1.5, 3
     stats.fallbacks["quality"] = 1
     m.observe_step(eng, 2)
     text = m.render().decode()
     assert "slimspec_draft_tokens_total 14.0" in text
     assert "slimspec_accepted_tokens_total 9.0" in text
     assert "slimspec_verify_steps_total 6.0" in text
+    assert 'slimspec_engine_seconds_total{phase="draft"} 0.75' in text
+    assert 'slimspec_engine_seconds_total{phase="verify"} 1.5' in text
+    assert 'slimspec_engine_seconds_total{phase="prefill"} 0.25' in text
+    assert "slimspec_fused_prefills_total 3.0" in text
     assert 'slimspec_fallbacks_total{reason="quality"} 1.0' in text
     assert "slimspec_mean_accepted_length 2.5" in text
     assert "slimspec_acceptance_kept_ratio 0.9" in text

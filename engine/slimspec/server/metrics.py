@@ -176,6 +176,19 @@ class Metrics:
             "slimspec_batch_size", "Requests per decode step", buckets=BATCH_BUCKETS, registry=r
         )
         self.model_info = Info("slimspec_model", "Model being served", registry=r)
+        # Where the engine's time goes, and how many prompts' target prefill rode on a
+        # verification forward instead of a forward of its own (grouped_forward.py).
+        self.engine_seconds = Counter(
+            "slimspec_engine_seconds_total",
+            "Engine compute time by phase (verify includes prefill that rode on it)",
+            ["phase"],
+            registry=r,
+        )
+        self.fused_prefills = Counter(
+            "slimspec_fused_prefills_total",
+            "Requests whose target prefill rode on a verification forward",
+            registry=r,
+        )
         # Engine health and per-position acceptance.
         self.load_failures = Counter(
             "slimspec_model_load_failures_total",
@@ -235,6 +248,10 @@ class Metrics:
             "drafted": ("drafted", "draft_tokens"),
             "accepted": ("accepted", "accepted_tokens"),
             "verify_steps": ("verify_steps",),
+            "draft_s": ("draft_time_s",),
+            "verify_s": ("target_time_s",),
+            "prefill_s": ("prefill_time_s",),
+            "fused_prefills": ("fused_prefills",),
         }.items():
             v = stat_value(stats, *names)
             deltas[key] = max(0.0, v - last.get(key, 0.0))
@@ -242,6 +259,9 @@ class Metrics:
         self.drafted.inc(deltas["drafted"])
         self.accepted.inc(deltas["accepted"])
         self.verify_steps.inc(deltas["verify_steps"])
+        for phase in ("draft", "verify", "prefill"):
+            self.engine_seconds.labels(phase=phase).inc(deltas[f"{phase}_s"])
+        self.fused_prefills.inc(deltas["fused_prefills"])
         if deltas["verify_steps"] > 0:
             self._window.append((deltas["accepted"], deltas["verify_steps"]))
             while sum(v for _, v in self._window) > ACCEPT_WINDOW and len(self._window) > 1:
