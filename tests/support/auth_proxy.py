@@ -12,31 +12,26 @@ header of each request.
 from __future__ import annotations
 
 import base64
-import ssl
-import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from types import TracebackType
+
+from tests.support.loopback import LoopbackServer
 
 
 @dataclass
-class AuthProxy:
+class AuthProxy(LoopbackServer):
     upstream: str
     bearer: str | None = None
     basic: tuple[str, str] | None = None
     tls: tuple[Path, Path] | None = None  # (certificate, key)
     fail_with: tuple[int, bytes] | None = None
     requests: list[str] = field(default_factory=list)
-    _server: ThreadingHTTPServer | None = None
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        port = self._server.server_address[1]
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
+    def tls_files(self) -> tuple[Path, Path] | None:
+        return self.tls
 
     def expected(self) -> str:
         if self.bearer is not None:
@@ -44,41 +39,7 @@ class AuthProxy:
         assert self.basic is not None
         return "Basic " + base64.b64encode(":".join(self.basic).encode()).decode()
 
-    def start(self) -> AuthProxy:
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                proxy._forward(self)
-
-            def do_POST(self) -> None:
-                proxy._forward(self)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        if self.tls is not None:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(str(self.tls[0]), str(self.tls[1]))
-            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def __enter__(self) -> AuthProxy:
-        return self.start()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def _forward(self, req: BaseHTTPRequestHandler) -> None:
+    def handle(self, req: BaseHTTPRequestHandler) -> None:
         auth = req.headers.get("Authorization", "")
         self.requests.append(auth)
         length = int(req.headers.get("Content-Length") or 0)

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 from urllib.parse import unquote, urlsplit
+
+from tests.support.loopback import LoopbackServer
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf")
 COMMIT = "1f2e3d4c5b6a79887766554433221100ffeeddcc"
@@ -45,58 +46,25 @@ def _describe(path: Path, rel: str) -> _File:
 
 
 @dataclass
-class HubStandIn:
+class HubStandIn(LoopbackServer):
     repos: dict[str, Path]  # repo id -> model directory
     token: str | None = None
     requests: list[tuple[str, str, str]] = field(default_factory=list)
     _files: dict[str, dict[str, _File]] = field(default_factory=dict)
-    _server: ThreadingHTTPServer | None = None
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def start(self) -> HubStandIn:
+    def start(self) -> Self:
         for repo, root in self.repos.items():
             self._files[repo] = {
                 p.relative_to(root).as_posix(): _describe(p, p.relative_to(root).as_posix())
                 for p in sorted(root.rglob("*"))
                 if p.is_file() and not p.name.startswith(".")
             }
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                hub._handle(self, body=True)
-
-            def do_HEAD(self) -> None:
-                hub._handle(self, body=False)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def __enter__(self) -> HubStandIn:
-        return self.start()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        return super().start()
 
     # ------------------------------------------------------------------ answers
 
-    def _handle(self, req: BaseHTTPRequestHandler, body: bool) -> None:
+    def handle(self, req: BaseHTTPRequestHandler) -> None:
+        body = req.command != "HEAD"
         path = unquote(urlsplit(req.path).path)
         auth = req.headers.get("Authorization", "")
         self.requests.append((req.command, path, auth))
