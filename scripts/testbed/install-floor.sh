@@ -16,12 +16,8 @@ OUT_DIR="$SLIMSPEC_CACHE/k8s/$VERSION"
 exec 8>"$SLIMSPEC_CACHE/.testbed-floor.lock"
 flock 8
 
-export GOMODCACHE="$SLIMSPEC_CACHE/go/mod"
-export GOCACHE="$SLIMSPEC_CACHE/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
+source "$(dirname "${BASH_SOURCE[0]}")/k8s-build.sh"
 export GOTOOLCHAIN="${SLIMSPEC_FLOOR_GOTOOLCHAIN:-$K8S_FLOOR_GOTOOLCHAIN}"
-export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
-export CGO_ENABLED=0
 
 floor_ok() {
   [[ -x "$OUT_DIR/kube-apiserver" ]] &&
@@ -31,28 +27,12 @@ floor_ok() {
 build_floor_apiserver() {
   if floor_ok; then echo "cached: $OUT_DIR/kube-apiserver"; return 0; fi
   command -v go >/dev/null 2>&1 || { echo "go not found (needed to fetch $GOTOOLCHAIN)" >&2; return 1; }
-  local src="$SLIMSPEC_CACHE/k8s/src-$VERSION" mod_file staging minor
-  rm -rf "$src" && mkdir -p "$src"
-  cd "$src"
-  printf 'module slimspec.local/k8sfloor\n\ngo %s\n\nrequire k8s.io/kubernetes %s\n' \
-    "$K8S_FLOOR_GO_DIRECTIVE" "$VERSION" >go.mod
-  mod_file="$(go mod download -json "k8s.io/kubernetes@$VERSION" |
-    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
-  staging="$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$mod_file" | sort -u)"
-  [[ -n "$staging" ]] || { echo "no staging modules found in $mod_file" >&2; return 1; }
-  {
-    echo
-    echo "replace ("
-    for m in $staging; do echo "	$m => $m $K8S_FLOOR_STAGING_VERSION"; done
-    echo ")"
-  } >>go.mod
-  go get "k8s.io/kubernetes/cmd/kube-apiserver@$VERSION"
-  minor="$(echo "$VERSION" | cut -d. -f2)"
-  local pkg=k8s.io/component-base/version
-  local ldflags="-s -w -X $pkg.gitVersion=$VERSION -X $pkg.gitMajor=1"
-  ldflags+=" -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  local src="$SLIMSPEC_CACHE/k8s/src-$VERSION"
+  rm -rf "$src"
+  write_k8s_module "$src" "$VERSION" "$K8S_FLOOR_GO_DIRECTIVE" "$K8S_FLOOR_STAGING_VERSION" \
+    kube-apiserver
   rm -rf "$OUT_DIR.tmp" && mkdir -p "$OUT_DIR.tmp"
-  go build -trimpath -ldflags "$ldflags" -o "$OUT_DIR.tmp/" k8s.io/kubernetes/cmd/kube-apiserver
+  go build -trimpath -ldflags "$(k8s_ldflags "$VERSION")" -o "$OUT_DIR.tmp/" k8s.io/kubernetes/cmd/kube-apiserver
   rm -rf "$OUT_DIR" && mv "$OUT_DIR.tmp" "$OUT_DIR"
   floor_ok
   if [[ "${SLIMSPEC_TESTBED_PRUNE_GO:-0}" == 1 ]]; then go clean -cache; fi

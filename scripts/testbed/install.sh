@@ -26,48 +26,14 @@ mkdir -p "$BIN_DIR"
 exec 9>"$SLIMSPEC_CACHE/.testbed-install.lock"
 flock 9
 
-# Go's module and build caches live in our cache too, so CI can cache one dir
-# and a rebuild after a cache wipe of ~/.cache/go-build is not needed.
-export GOMODCACHE="$SLIMSPEC_CACHE/go/mod"
-export GOCACHE="$SLIMSPEC_CACHE/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
+source "$(dirname "${BASH_SOURCE[0]}")/k8s-build.sh"
 # auto: use the local Go when it satisfies the module's go line, else fetch
 # that toolchain through the module proxy.
 export GOTOOLCHAIN="${SLIMSPEC_GOTOOLCHAIN:-auto}"
-export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
-export CGO_ENABLED=0
 
 k8s_ok() {
   [[ -x "$K8S_DIR/kube-apiserver" && -x "$K8S_DIR/kube-controller-manager" ]] &&
     "$K8S_DIR/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $K8S_VERSION"
-}
-
-# Writes a scratch module that requires k8s.io/kubernetes and pins every
-# staging module (required there at v0.0.0) to the matching v0.X.Y release.
-write_k8s_module() {
-  local src="$1" mod_file staging
-  mkdir -p "$src"
-  cd "$src"
-  printf 'module slimspec.local/k8sbuild\n\ngo %s\n\nrequire k8s.io/kubernetes %s\n' \
-    "$K8S_GO_DIRECTIVE" "$K8S_VERSION" >go.mod
-  mod_file="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
-    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
-  staging="$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$mod_file" | sort -u)"
-  [[ -n "$staging" ]] || { echo "no staging modules found in $mod_file" >&2; return 1; }
-  {
-    echo
-    echo "replace ("
-    for m in $staging; do echo "	$m => $m $K8S_STAGING_VERSION"; done
-    echo ")"
-  } >>go.mod
-  go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-    "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION"
-}
-
-k8s_ldflags() {
-  local minor pkg=k8s.io/component-base/version
-  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
-  echo "-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 }
 
 build_k8s() {
@@ -78,10 +44,11 @@ build_k8s() {
   fi
   local src="$SLIMSPEC_CACHE/k8s/src-$K8S_VERSION" out
   rm -rf "$src"
-  write_k8s_module "$src"
+  write_k8s_module "$src" "$K8S_VERSION" "$K8S_GO_DIRECTIVE" "$K8S_STAGING_VERSION" \
+    kube-apiserver kube-controller-manager
   out="$K8S_DIR.tmp"
   rm -rf "$out" && mkdir -p "$out"
-  (cd "$src" && nice -n 10 go build -trimpath -ldflags "$(k8s_ldflags)" -o "$out/" \
+  (cd "$src" && nice -n 10 go build -trimpath -ldflags "$(k8s_ldflags "$K8S_VERSION")" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
   rm -rf "$K8S_DIR" && mv "$out" "$K8S_DIR"
   k8s_ok
@@ -106,12 +73,14 @@ build_k8s_node() {
     return 1
   fi
   local src="$SLIMSPEC_CACHE/k8s/src-$K8S_VERSION" out pkgs=() cmd
-  [[ -f "$src/go.mod" ]] || write_k8s_module "$src"
+  [[ -f "$src/go.mod" ]] ||
+    write_k8s_module "$src" "$K8S_VERSION" "$K8S_GO_DIRECTIVE" "$K8S_STAGING_VERSION" \
+      kube-apiserver kube-controller-manager
   for cmd in "${NODE_CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
   (cd "$src" && go get "${pkgs[@]/%/@$K8S_VERSION}")
   out="$K8S_NODE_DIR.tmp"
   rm -rf "$out" && mkdir -p "$out"
-  (cd "$src" && nice -n 10 go build -trimpath -ldflags "$(k8s_ldflags)" -o "$out/" "${pkgs[@]}")
+  (cd "$src" && nice -n 10 go build -trimpath -ldflags "$(k8s_ldflags "$K8S_VERSION")" -o "$out/" "${pkgs[@]}")
   rm -rf "$K8S_NODE_DIR" && mv "$out" "$K8S_NODE_DIR"
   k8s_node_ok
   if [[ "${SLIMSPEC_TESTBED_PRUNE_GO:-0}" == 1 ]]; then go clean -cache; fi
