@@ -32,11 +32,15 @@ def fresh_load(monkeypatch, tmp_path):
 
 
 def unpack(packed: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
-    """Inverse of nl.pack, written from the layout comment in csrc/draft_kernels.c."""
-    g = packed.transpose(1, 2).reshape(n, k // nl.GROUP, -1)  # (N, G, group bytes)
+    """Inverse of nl.pack, written from the layout comment in csrc/draft_kernels.c:
+    [n / 16][g][p][n % 16][i]; 8 bits: u[4p + i]; 4 bits: u[4p + i] in the low nibble,
+    u[32 + 4p + i] in the high one."""
+    groups = k // nl.GROUP
+    blocks = packed.view(-1, groups, 2 * bits, 16, 4).permute(0, 3, 1, 2, 4)
+    rows = blocks.reshape(-1, groups, 8 * bits)[:n]  # (N, G, group bytes), padding dropped
     if bits == 4:
-        g = torch.cat([g & 0x0F, g >> 4], dim=-1)
-    return g.reshape(n, k)
+        rows = torch.cat([rows & 0x0F, rows >> 4], dim=-1)
+    return rows.reshape(n, k)
 
 
 @pytest.mark.parametrize("bits", nl.QUANT_BITS)
@@ -53,9 +57,10 @@ def test_quantize_and_pack_round_trip(bits):
 
 @needs_lib
 @pytest.mark.parametrize("bits", nl.QUANT_BITS)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 17])
 def test_kernel_matches_reference(bits, m):
-    """Every activation-row chunk size, a bias, N = 4 mod 8 and an odd group count."""
+    """Every activation-row chunk size (int8: 4 rows, int4: 8), a bias, N = 4 mod 16 (a
+    padded int4 block) and an odd group count."""
     gen = torch.Generator().manual_seed(10 * bits + m)
     w = torch.randn(52, 320, generator=gen) * 0.05
     bias = torch.randn(52, generator=gen).bfloat16()
@@ -66,6 +71,26 @@ def test_kernel_matches_reference(bits, m):
     got = lin(x.view(1, m, 320))
     assert got.shape == (1, m, 52) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got[0].float(), want, rtol=8e-3, atol=1e-2)
+
+
+@needs_lib
+@pytest.mark.parametrize("bits", nl.QUANT_BITS)
+@pytest.mark.parametrize("rows", [4, 20, 48, 52])
+def test_a_prefix_of_rows_is_the_full_products_prefix(bits, rows):
+    """The subset head scores the first `rows` outputs (a multiple of 4 that may end
+    inside a 16-row block): those columns of the full product, nothing written past
+    them."""
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(52, 128, generator=gen) * 0.05
+    bias = torch.randn(52, generator=gen).bfloat16()
+    x = torch.randn(9, 128, generator=gen).bfloat16()
+    lin = nl.NativeLowBitLinear(w, bias, LIB, bits)
+    full = lin(x)
+    assert torch.equal(lin.fused(x, rows=rows), full[:, :rows])
+    residual = torch.ones(9, rows, dtype=torch.bfloat16)
+    added = lin.fused(x, rows=rows, residual=residual)
+    assert added is residual
+    torch.testing.assert_close(added.float(), 1 + full[:, :rows].float(), rtol=1e-2, atol=1e-2)
 
 
 @needs_bf16

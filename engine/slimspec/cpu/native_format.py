@@ -11,8 +11,14 @@ from __future__ import annotations
 import torch
 
 GROUP = 64  # inputs per quantisation group (weights and activations)
-ROWS = 4  # weight rows per block in the kernel's layout
+ROWS = 4  # weight rows per block of bf16 weights; callers' row counts are multiples of it
+LOWBIT_ROWS = 16  # rows per block of int4/int8 weights: one int32 lane each in a vpdpbusd
 QUANT_BITS = (4, 8)  # quantised weights
+
+
+def block_rows(bits: int) -> int:
+    """Weight rows per block of the kernel's layout for these weights."""
+    return LOWBIT_ROWS if bits in QUANT_BITS else ROWS
 
 
 def quantize(
@@ -34,21 +40,26 @@ def quantize(
     return u.view(n, k), scale, low
 
 
-def blocked(t: torch.Tensor) -> torch.Tensor:
-    """(N, G, ...) -> (N/4, G, 4, ...), contiguous: the kernel reads 4 rows' group g
-    together."""
+def blocked(t: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
+    """(N, G, ...) -> (ceil(N/rows), G, rows, ...), contiguous, N padded with zeros to a
+    multiple of rows: the kernel reads a block's group g together."""
     n = t.shape[0]
-    return t.reshape(n // ROWS, ROWS, *t.shape[1:]).transpose(1, 2).contiguous()
+    pad = -n % rows
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+    return t.reshape((n + pad) // rows, rows, *t.shape[1:]).transpose(1, 2).contiguous()
 
 
 def pack(u: torch.Tensor, bits: int, group: int = GROUP) -> torch.Tensor:
-    """(N, K) weights in 0..2^bits-1 -> the kernel's bytes, blocked by 4 rows; for 4
-    bits, byte j of a group holds u[j] | u[j + 32] << 4."""
+    """(N, K) weights in 0..2^bits-1 -> the kernel's bytes: blocks of 16 rows (zero rows
+    pad N), a group of a block as 64-byte vectors of 16 rows x 4 bytes. 8 bits: byte i
+    of row r in vector p is u[r][4p + i]; 4 bits: u[r][4p + i] | u[r][32 + 4p + i] << 4."""
     n, k = u.shape
     g = u.view(n, k // group, group)
     if bits == 4:
         g = g[..., : group // 2] | (g[..., group // 2 :] << 4)
-    return blocked(g)
+    vectors = g.reshape(n, k // group, -1, 4)  # (N, G, p, i)
+    return blocked(vectors, LOWBIT_ROWS).transpose(2, 3).contiguous()  # (N/16, G, p, 16, i)
 
 
 def reference(

@@ -43,6 +43,7 @@ from slimspec.cpu.native_format import (
     QUANT_BITS,
     ROWS,
     attention_reference,
+    block_rows,
     blocked,
     pack,
     quantize,
@@ -232,7 +233,8 @@ class NativeLowBitLinear:
         else:
             u, scale, low = quantize(weight, bits)
             self.packed = pack(u, bits)
-            self.scale, self.low = blocked(scale.half()), blocked(low.half())
+            rows = block_rows(bits)
+            self.scale, self.low = blocked(scale.half(), rows), blocked(low.half(), rows)
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
         self.out_features, self.in_features = weight.shape
         self._fn = lib.lowbit_gemm_bf16

@@ -6,11 +6,15 @@
 //
 // Weights: asymmetric groups of 64 inputs, w = u * scale + low with u in 0..15 (bits
 // = 4) or 0..255 (bits = 8); bits = 16: the bf16 weights themselves. Layout (built by
-// native_format.py), N a multiple of ROWS = 4: rows come in blocks of 4 stored group
-// by group, so a block is one contiguous stream: wq[n / 4][g][n % 4] holds the group's
-// bytes (bits = 8: u[j]; bits = 4: 32 bytes, byte j = u[j] | u[j + 32] << 4; bits =
-// 16: 64 bf16); scale and low are [n / 4][g][n % 4] fp16 (half the bytes of float:
-// with int4 a group's metadata is 4 bytes on 32 of weights instead of 8).
+// native_format.py): rows come in blocks stored group by group, so a block is one
+// contiguous stream. bits = 4 and 8: blocks of LOWBIT_ROWS = 16 rows (N padded with
+// zero rows to a multiple of 16); a group of a block is 64-byte vectors of 16 rows x 4
+// bytes, so one vpdpbusd with 4 activations broadcast advances all 16 rows (one int32
+// lane each) by 4 inputs. bits = 8: 16 vectors, byte 4r + i of vector p = u[r][4p + i]
+// for row r of the block; bits = 4: 8 vectors, byte 4r + i of vector p = u[r][4p + i] |
+// u[r][32 + 4p + i] << 4. scale and low are [n / 16][g][n % 16] fp16 (half the bytes
+// of float: with int4 a group's metadata is 4 bytes on 32 of weights instead of 8).
+// bits = 16: blocks of ROWS = 4 rows (N a multiple of 4), [n / 4][g][n % 4][64 bf16].
 // y[m][n] = sum_g scale * xs[m][g] * sum_j u[j] * xq[m][j] + low * xs[m][g] * sum_j xq[m][j]
 // (+ bias[n]): the dequantised activations times the dequantised weights. Inputs and
 // outputs are bfloat16; int32 within a group, float across.
@@ -22,8 +26,10 @@
 #include <string.h>
 
 #define GROUP 64
-#define MCHUNK 4            // activation rows per pass over a weight block
-#define ROWS 4              // weight rows per block
+#define MCHUNK 4            // activation rows per pass over a bf16 weight block
+#define ROWS 4              // weight rows per bf16 block
+#define LOWBIT_MCHUNK 8     // activation rows per pass over a low-bit block
+#define LOWBIT_ROWS 16      // weight rows per low-bit block: one int32 lane each
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024 // software prefetch distance in the weight stream
 #endif
@@ -164,107 +170,73 @@ static inline __attribute__((always_inline)) void prefetch_group(const uint8_t *
         _mm_prefetch((const char *)(wg + PREFETCH_BYTES + line), _MM_HINT_T0);
 }
 
-// int4: one 64-byte load holds two rows' group (32 bytes each), so the low nibbles
-// of rows r, r+1 meet activations 0..31 and the high nibbles 32..63 in two vpdpbusd
-// on one accumulator: lanes 0-7 sum row r, lanes 8-15 row r+1. That is half the
-// unpacking and float work per weight of one row per vector, which was compute-bound.
-static inline __attribute__((always_inline)) void block_int4(
-    const uint8_t *wblk, const uint16_t *sblk, const uint16_t *lblk, int64_t n0, int64_t k,
-    const int8_t *xq, const float *xs, const float *xsum, int64_t m0, const int64_t mc,
-    const uint16_t *bias, uint16_t *y, int64_t n_out, int accumulate) {
-    int64_t groups = k / GROUP;
-    const __m512i nib = _mm512_set1_epi8(0x0f);
-    const __m512i pick01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i pick23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
-    __m512 acc01[MCHUNK], acc23[MCHUNK];
-    __m128 zacc[MCHUNK];
-    for (int i = 0; i < MCHUNK; i++) {
-        acc01[i] = acc23[i] = _mm512_setzero_ps();
-        zacc[i] = _mm_setzero_ps();
-    }
-    for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *wg = wblk + g * ROWS * 32;
-        prefetch_group(wg, ROWS * 32);
-        __m512i w01 = _mm512_loadu_si512((const void *)wg);
-        __m512i w23 = _mm512_loadu_si512((const void *)(wg + 64));
-        __m512i lo01 = _mm512_and_si512(w01, nib);
-        __m512i hi01 = _mm512_and_si512(_mm512_srli_epi16(w01, 4), nib);
-        __m512i lo23 = _mm512_and_si512(w23, nib);
-        __m512i hi23 = _mm512_and_si512(_mm512_srli_epi16(w23, 4), nib);
-        __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sblk + g * ROWS)));
-        __m128 l4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(lblk + g * ROWS)));
-        __m512 s01 = _mm512_permutexvar_ps(pick01, _mm512_castps128_ps512(s4));
-        __m512 s23 = _mm512_permutexvar_ps(pick23, _mm512_castps128_ps512(s4));
-        for (int64_t i = 0; i < mc; i++) {
-            int64_t m = m0 + i;
-            const int8_t *xg = xq + m * k + g * GROUP;
-            __m512i xlo = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xg));
-            __m512i xhi = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xg + 32)));
-            __m512i d01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo01, xlo);
-            __m512i d23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo23, xlo);
-            d01 = _mm512_dpbusd_epi32(d01, hi01, xhi);
-            d23 = _mm512_dpbusd_epi32(d23, hi23, xhi);
-            __m512 xsv = _mm512_set1_ps(xs[m * groups + g]);
-            acc01[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_mul_ps(s01, xsv), acc01[i]);
-            acc23[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_mul_ps(s23, xsv), acc23[i]);
-            zacc[i] = _mm_fmadd_ps(l4, _mm_set1_ps(xsum[m * groups + g]), zacc[i]);
-        }
-    }
-    for (int64_t i = 0; i < mc; i++) {
-        float z[4];
-        _mm_storeu_ps(z, zacc[i]);
-        float sums[4] = {_mm512_mask_reduce_add_ps(0x00ff, acc01[i]),
-                         _mm512_mask_reduce_add_ps(0xff00, acc01[i]),
-                         _mm512_mask_reduce_add_ps(0x00ff, acc23[i]),
-                         _mm512_mask_reduce_add_ps(0xff00, acc23[i])};
-        for (int r = 0; r < ROWS; r++)
-            store_out(y, n_out, m0 + i, n0 + r, sums[r] + z[r], bias, accumulate);
-    }
+// 16 results of row m (one block of outputs, the first `valid` of them real) plus the
+// bias, stored as bf16, or added to what y holds (a residual add in place).
+static inline void store_block16(uint16_t *y, int64_t n_out, int64_t m, int64_t n0, int valid,
+                                 __m512 v, const uint16_t *bias, int accumulate) {
+    __mmask16 keep = valid >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << valid) - 1);
+    uint16_t *dst = y + m * n_out + n0;
+    if (bias)
+        v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                 _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + n0)), 16)));
+    if (accumulate)
+        v = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(
+                              _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, dst)), 16)),
+                          v);
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    _mm256_mask_storeu_epi16(dst, keep, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
 }
 
-// int8: a row's group is one 64-byte vector; ROWS * mc independent accumulators, so
-// the float multiply-add chains overlap instead of waiting on one another.
-static inline __attribute__((always_inline)) void block_int8(
-    const uint8_t *wblk, const uint16_t *sblk, const uint16_t *lblk, int64_t n0, int64_t k,
-    const int8_t *xq, const float *xs, const float *xsum, int64_t m0, const int64_t mc,
-    const uint16_t *bias, uint16_t *y, int64_t n_out, int accumulate) {
+// Low-bit weights, 16 rows per block: per group, each activation row's 64 int8s meet
+// the block in 16 vpdpbusd (4 broadcast activations each, every lane its own row)
+// summed in int32, then one conversion and two multiply-adds for all 16 rows. (A layout
+// with a row's inputs across the lanes spends most of its instructions on per-group
+// float work and horizontal sums instead: ~2x slower at 8 activation rows.) bits = 4:
+// a group is 8 vectors, the low nibbles meeting inputs 4p.., the high ones 32 + 4p..;
+// bits = 8: 16 vectors, vector p meeting inputs 4p...
+static inline __attribute__((always_inline)) void block_lowbit(
+    const int bits, const uint8_t *wblk, const uint16_t *sblk, const uint16_t *lblk,
+    int64_t n0, int valid, int64_t k, const int8_t *xq, const float *xs, const float *xsum,
+    int64_t m0, const int64_t mc, const uint16_t *bias, uint16_t *y, int64_t n_out,
+    int accumulate) {
     int64_t groups = k / GROUP;
-    __m512 acc[ROWS][MCHUNK];
-    __m128 zacc[MCHUNK];
-    for (int i = 0; i < MCHUNK; i++) {
-        for (int r = 0; r < ROWS; r++) acc[r][i] = _mm512_setzero_ps();
-        zacc[i] = _mm_setzero_ps();
-    }
+    const int64_t group_bytes = LOWBIT_ROWS * GROUP * bits / 8;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    __m512 acc[LOWBIT_MCHUNK];
+    for (int i = 0; i < LOWBIT_MCHUNK; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *wg = wblk + g * ROWS * GROUP;
-        prefetch_group(wg, ROWS * GROUP);
-        float s[ROWS];
-        _mm_storeu_ps(s, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sblk + g * ROWS))));
-        __m128 l4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(lblk + g * ROWS)));
-        __m512i xv[MCHUNK];
-        float xsg[MCHUNK];
-        for (int64_t i = 0; i < mc; i++) {
-            int64_t m = m0 + i;
-            xv[i] = _mm512_loadu_si512((const void *)(xq + m * k + g * GROUP));
-            xsg[i] = xs[m * groups + g];
-            zacc[i] = _mm_fmadd_ps(l4, _mm_set1_ps(xsum[m * groups + g]), zacc[i]);
-        }
-        for (int r = 0; r < ROWS; r++) {
-            __m512i w = _mm512_loadu_si512((const void *)(wg + r * GROUP));
+        const uint8_t *wg = wblk + g * group_bytes;
+        prefetch_group(wg, group_bytes);
+        __m512i dot[LOWBIT_MCHUNK];
+        for (int i = 0; i < LOWBIT_MCHUNK; i++) dot[i] = _mm512_setzero_si512();
+        for (int p = 0; p < 2 * bits; p++) {  // 64-byte vectors per group of the block
+            __m512i w = _mm512_loadu_si512((const void *)(wg + 64 * p));
+            __m512i lo = bits == 4 ? _mm512_and_si512(w, nib) : w;
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nib);
             for (int64_t i = 0; i < mc; i++) {
-                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv[i]);
-                acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(s[r] * xsg[i]),
-                                            acc[r][i]);
+                const int8_t *xg = xq + (m0 + i) * k + g * GROUP + 4 * p;
+                int32_t a;
+                memcpy(&a, xg, 4);
+                dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(a));
+                if (bits == 4) {
+                    memcpy(&a, xg + 32, 4);
+                    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(a));
+                }
             }
         }
+        __m512 s16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sblk + g * LOWBIT_ROWS)));
+        __m512 l16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(lblk + g * LOWBIT_ROWS)));
+        for (int64_t i = 0; i < mc; i++) {
+            int64_t mg = (m0 + i) * groups + g;
+            __m512 sx = _mm512_mul_ps(s16, _mm512_set1_ps(xs[mg]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), sx, acc[i]);
+            acc[i] = _mm512_fmadd_ps(l16, _mm512_set1_ps(xsum[mg]), acc[i]);
+        }
     }
-    for (int64_t i = 0; i < mc; i++) {
-        float z[4];
-        _mm_storeu_ps(z, zacc[i]);
-        for (int r = 0; r < ROWS; r++)
-            store_out(y, n_out, m0 + i, n0 + r, _mm512_reduce_add_ps(acc[r][i]) + z[r], bias,
-                      accumulate);
-    }
+    for (int64_t i = 0; i < mc; i++)
+        store_block16(y, n_out, m0 + i, n0, valid, acc[i], bias, accumulate);
 }
 
 // bf16 weights: vdpbf16ps multiplies 32 bf16 pairs into 16 float lanes.
@@ -308,6 +280,18 @@ block_bf16(const uint16_t *wblk, int64_t n0, int64_t k, const uint16_t *xb, int6
         default: CALL(MCHUNK); break;  \
     }
 
+#define BY_CHUNK8(CALL)                \
+    switch (mc) {                      \
+        case 1: CALL(1); break;        \
+        case 2: CALL(2); break;        \
+        case 3: CALL(3); break;        \
+        case 4: CALL(4); break;        \
+        case 5: CALL(5); break;        \
+        case 6: CALL(6); break;        \
+        case 7: CALL(7); break;        \
+        default: CALL(LOWBIT_MCHUNK); break; \
+    }
+
 __attribute__((target("avx512bf16"))) static void gemm_bf16_blocks(
     const uint16_t *xb, int64_t m_rows, int64_t k, const uint16_t *w, int64_t n_out,
     const uint16_t *bias, uint16_t *y, int accumulate) {
@@ -325,8 +309,9 @@ __attribute__((target("avx512bf16"))) static void gemm_bf16_blocks(
 }
 
 // y (m_rows, n_out) = prologue(x) (m_rows, k) @ W.T (+ bias), or y += that when
-// accumulate (a residual add in place); k a multiple of 64, n_out of 4, bits 4, 8 or
-// 16 (16 only where the CPU has AVX512-BF16: native_kernels.py checks).
+// accumulate (a residual add in place); k a multiple of 64, n_out of 4 (the first
+// n_out rows of the packed weights), bits 4, 8 or 16 (16 only where the CPU has
+// AVX512-BF16: native_kernels.py checks).
 // Returns 0, -1 when the scratch buffers cannot be allocated, -2 for bad arguments.
 int lowbit_gemm_bf16(const uint16_t *x, int64_t m_rows, int64_t k, const uint8_t *wq,
                      const uint16_t *scale, const uint16_t *low, int64_t n_out,
@@ -364,22 +349,25 @@ int lowbit_gemm_bf16(const uint16_t *x, int64_t m_rows, int64_t k, const uint8_t
     }
     quantize_rows(x, m_rows, k, prologue, norm_w, eps, v, xq, xs, xsum);
     free(v);
-    int64_t blocks = n_out / ROWS;
+    int64_t blocks = (n_out + LOWBIT_ROWS - 1) / LOWBIT_ROWS;
 #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; blk++) {
-        const uint8_t *wblk = wq + blk * ROWS * (k * bits / 8);
-        const uint16_t *sblk = scale + blk * ROWS * groups;
-        const uint16_t *lblk = low + blk * ROWS * groups;
-        for (int64_t m0 = 0; m0 < m_rows; m0 += MCHUNK) {
-            int64_t mc = m_rows - m0 < MCHUNK ? m_rows - m0 : MCHUNK;
-#define CALL4(MC) \
-    block_int4(wblk, sblk, lblk, blk * ROWS, k, xq, xs, xsum, m0, MC, bias, y, n_out, accumulate)
-#define CALL8(MC) \
-    block_int8(wblk, sblk, lblk, blk * ROWS, k, xq, xs, xsum, m0, MC, bias, y, n_out, accumulate)
+        const uint8_t *wblk = wq + blk * LOWBIT_ROWS * (k * bits / 8);
+        const uint16_t *sblk = scale + blk * LOWBIT_ROWS * groups;
+        const uint16_t *lblk = low + blk * LOWBIT_ROWS * groups;
+        int64_t n0 = blk * LOWBIT_ROWS;
+        int valid = (int)(n_out - n0 < LOWBIT_ROWS ? n_out - n0 : LOWBIT_ROWS);
+        for (int64_t m0 = 0; m0 < m_rows; m0 += LOWBIT_MCHUNK) {
+            int64_t mc = m_rows - m0 < LOWBIT_MCHUNK ? m_rows - m0 : LOWBIT_MCHUNK;
+            // constant bits and mc: the compiler keeps the accumulators in registers
+#define CALL4(MC) block_lowbit(4, wblk, sblk, lblk, n0, valid, k, xq, xs, xsum, m0, MC, \
+                               bias, y, n_out, accumulate)
+#define CALL8(MC) block_lowbit(8, wblk, sblk, lblk, n0, valid, k, xq, xs, xsum, m0, MC, \
+                               bias, y, n_out, accumulate)
             if (bits == 4) {
-                BY_CHUNK(CALL4)
+                BY_CHUNK8(CALL4)
             } else {
-                BY_CHUNK(CALL8)
+                BY_CHUNK8(CALL8)
             }
 #undef CALL4
 #undef CALL8
