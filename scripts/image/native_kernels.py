@@ -5,9 +5,9 @@ the built image.
     python native_kernels.py check DIR   # in the runtime image (has none)
 
 `build` compiles the engine's C source with the engine's own build function and
-flags into DIR, under the file name the engine's cache uses for it (keyed by the
-source, the compiler and the flags). `check` loads every library in DIR with
-ctypes, binds the functions the engine calls, and where the CPU has the
+flags into DIR, under the name the engine looks for there when $SLIMSPEC_KERNELS_DIR
+is DIR (keyed by the source and the flags: the image sets it). `check` loads every
+library in DIR with ctypes, binds the functions the engine calls, and where the CPU has the
 instructions they are compiled for, runs the engine's self-checks against the
 float reference. It prints one JSON line: what it found and ran.
 
@@ -43,7 +43,7 @@ def build(out_dir: Path) -> dict[str, object]:
     cc = next((c for c in COMPILERS if shutil.which(c)), None)
     if cc is None:
         raise SystemExit(f"no C compiler among {COMPILERS}: the build stage needs one")
-    out = out_dir / mod.library_path(cc).name
+    out = out_dir / mod.prebuilt_name()
     mod._build(cc, out)
     return {"module": mod.__name__, "compiler": cc, "library": str(out)}
 

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from slimspec_testbed.images import Docker, ImageTags, docker_daemon, image_tags
+from slimspec_testbed.images import (
+    KERNEL_LOADER_PROBE,
+    Docker,
+    ImageTags,
+    docker_daemon,
+    image_tags,
+)
 from slimspec_testbed.tools import REPO_ROOT, free_port
 from slimspec_testbed.userpath import models_volume_dir
 
@@ -75,6 +81,17 @@ def test_engine_kernels_compiled_at_build_time_load_without_a_compiler(
         # Loaded and bound, not run: executing them here would be an illegal instruction.
         assert report["self_check"] is None
         print(f"kernels loaded and bound; not run: this CPU lacks AVX512-VNNI ({report})")
+
+
+def test_the_engine_in_the_image_loads_the_shipped_kernels(docker: Docker, tags: ImageTags) -> None:
+    """No compiler at run time: the engine's own loader finds the library of its source
+    in SLIMSPEC_KERNELS_DIR (read-only root: nothing is compiled or written)."""
+    proc = docker(
+        "run", "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp",
+        "--entrypoint", "python", tags.engine, "-c", KERNEL_LOADER_PROBE, timeout=300,
+    )  # fmt: skip
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["loaded"] is report["cpu_supported"], report
 
 
 def test_engine_image_answers_infer_on_the_small_pair(

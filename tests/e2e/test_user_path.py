@@ -23,6 +23,7 @@ import openai
 import pytest
 from kubernetes import client
 from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.images import KERNEL_LOADER_PROBE
 from slimspec_testbed.node import NodeCluster
 from slimspec_testbed.resources import service_from_example, with_version
 from slimspec_testbed.tools import REPO_ROOT
@@ -182,6 +183,11 @@ def test_native_kernels_load_in_the_engine_pod(kube: KubeCluster, chat: dict[str
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["libraries"] and report["compilers_on_path"] == []
     assert report["self_check"] is (True if report["cpu_supported"] else None)
+    # and the engine's own loader takes them (SLIMSPEC_KERNELS_DIR, no compiler)
+    out = kube.kubectl("exec", "-n", SERVICE_NAMESPACE, pod, "--",
+                       "python", "-c", KERNEL_LOADER_PROBE, timeout=300)  # fmt: skip
+    loader = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loader["loaded"] is loader["cpu_supported"], loader
 
 
 def rollout_under_load(

@@ -184,6 +184,39 @@ def test_builds_once_into_the_cache(fresh_load):
 
 
 @needs_lib
+def test_a_library_built_ahead_loads_without_a_compiler(fresh_load, monkeypatch, tmp_path):
+    """The engine image: the library compiled in the build stage under prebuilt_name(),
+    no compiler on PATH at run time."""
+    shipped = tmp_path / "shipped"
+    nl._build(nl._compiler(), shipped / nl.prebuilt_name())
+    (shipped / "draft_kernels-src-0123456789abcdef.so").write_bytes(b"another source")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CC", raising=False)
+    assert nl._compiler() is None
+    monkeypatch.setenv(nl.PREBUILT_DIR_ENV, str(shipped))
+    lib = nl.load()
+    assert lib is not None and not list(fresh_load.glob("kernels/*.so"))  # nothing compiled
+    w = torch.randn(32, 128) * 0.05
+    x = torch.randn(3, 128).bfloat16()
+    u, scale, low = nl.quantize(w, 4)
+    got = nl.NativeLowBitLinear(w, None, lib, 4)(x).float()
+    torch.testing.assert_close(got, nl.reference(x, u, scale, low), rtol=8e-3, atol=1e-2)
+
+
+def test_no_compiler_and_no_library_for_this_source_falls_back(fresh_load, monkeypatch, tmp_path):
+    """A folder holding only a library of another source (another weight layout) is not
+    used: the drafts fall back to aten's kernels."""
+    monkeypatch.setattr(nl, "cpu_supported", lambda cpuinfo=None: True)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "draft_kernels-src-0123456789abcdef.so").write_bytes(b"another source")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv(nl.PREBUILT_DIR_ENV, str(shipped))
+    assert nl.load() is None
+
+
+@needs_lib
 @pytest.mark.parametrize("m", [1, 3])
 def test_rmsnorm_prologue_and_residual_epilogue(m):
     """qkv = W @ rmsnorm(h) and h += W @ x in one call each, as the layer uses them."""

@@ -14,9 +14,11 @@ rows to int8 lets vpdpbusd multiply at about the speed of reading the weights (h
 csrc/draft_kernels.c; measurements: docs/engine.md, benchmark section).
 
 The C file is compiled once per source and compiler into $SLIMSPEC_CACHE/kernels with
-the system C compiler (no torch headers) and loaded with ctypes. It links
-libgomp by soname, so it shares torch's OpenMP runtime and thread count. Where it
-cannot run (no AVX512-VNNI, no compiler, a failed self-check, or SLIMSPEC_NATIVE_KERNELS=0)
+the system C compiler (no torch headers) and loaded with ctypes; a library built ahead
+of time for this very source in $SLIMSPEC_KERNELS_DIR (the engine image's, whose
+runtime has no compiler) is loaded instead. It links libgomp by soname, so it shares
+torch's OpenMP runtime and thread count. Where it cannot run (no AVX512-VNNI, neither
+a compiler nor a prebuilt library, a failed self-check, or SLIMSPEC_NATIVE_KERNELS=0)
 `load()` returns None and the drafts use aten's kernels (and the target SDPA). The
 drafts' numerics only move acceptance; the target uses only the attention kernel,
 whose bf16 rounding differs from SDPA's as multi-token verification's does (fp32
@@ -68,6 +70,9 @@ CFLAGS = (
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 BF16_CPU_FLAG = "avx512_bf16"
 ENV_SWITCH = "SLIMSPEC_NATIVE_KERNELS"
+# Libraries compiled ahead of time for this source (the engine image's build stage; its
+# runtime stage has no compiler), named by prebuilt_name().
+PREBUILT_DIR_ENV = "SLIMSPEC_KERNELS_DIR"
 PROLOGUE_RMSNORM, PROLOGUE_SILU_GATE = 1, 2  # csrc/draft_kernels.c
 
 _lock = threading.Lock()
@@ -115,6 +120,19 @@ def library_path(cc: str) -> Path:
     """Where the build for this source and compiler lives (a new source builds anew)."""
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *CFLAGS)).encode()).hexdigest()
     return cache_root() / "kernels" / f"draft_kernels-{key[:16]}.so"
+
+
+def prebuilt_name() -> str:
+    """The file name of an ahead-of-time build of this source and flags: a library
+    built from another source (another weight layout) never matches."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()
+    return f"draft_kernels-src-{key[:16]}.so"
+
+
+def _prebuilt() -> Path | None:
+    folder = os.environ.get(PREBUILT_DIR_ENV)
+    path = Path(folder) / prebuilt_name() if folder else None
+    return path if path is not None and path.is_file() else None
 
 
 def _build(cc: str, out: Path) -> None:
@@ -191,14 +209,20 @@ def _load_uncached() -> ctypes.CDLL | None:
     if not cpu_supported():
         log.info("native low-bit kernels off: the CPU lacks one of %s", REQUIRED_CPU_FLAGS)
         return None
-    cc = _compiler()
-    if cc is None:
-        log.info("native low-bit kernels off: no C compiler (cc, gcc or clang) on PATH")
+    path, cc = _prebuilt(), _compiler()
+    if path is None and cc is None:
+        log.info(
+            "native low-bit kernels off: no C compiler (cc, gcc or clang) on PATH and no "
+            "library built ahead for this source in $%s",
+            PREBUILT_DIR_ENV,
+        )
         return None
-    path = library_path(cc)
     try:
-        if not path.exists():
-            _build(cc, path)
+        if path is None:
+            assert cc is not None
+            path = library_path(cc)
+            if not path.exists():
+                _build(cc, path)
         lib = _bind(ctypes.CDLL(str(path)))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning(

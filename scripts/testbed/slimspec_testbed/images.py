@@ -27,6 +27,12 @@ from slimspec_testbed.tools import REPO_ROOT, cache_dir, run_checked
 SCRIPTS = REPO_ROOT / "scripts" / "testbed"
 DOCKER_CLI = Path("/usr/bin/docker")  # Debian's client, the daemon's version
 BUILD_HINT = "run `bash scripts/testbed/images.sh` first (or `make test`)"
+# Run with the engine image's python: what the engine's own loader decides at start
+# (the native kernels on where the CPU has them, from SLIMSPEC_KERNELS_DIR).
+KERNEL_LOADER_PROBE = (
+    "import json; from slimspec.cpu import native_kernels as nk; "
+    "print(json.dumps({'cpu_supported': nk.cpu_supported(), 'loaded': nk.load() is not None}))"
+)
 
 
 @dataclass(frozen=True)
