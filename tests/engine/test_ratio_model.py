@@ -94,6 +94,19 @@ def test_batch_size_changes_the_prediction():
     assert target_only_rate((0.16, 0.004), 8) == pytest.approx(8 / 0.192)
 
 
+def test_a_kept_share_above_one_is_not_a_gain_to_plan_on():
+    """A shadow estimate above 1 from few positions (seen: 1.26 at 0.95) predicts no more
+    than full acceptance, so it cannot make a ratio look far faster than its neighbours
+    and pull the tuner's best ratio to it."""
+    costs = StepCosts(1, 0.040, head_times(0.016), VERIFY)
+    noisy = {**KEPT, 0.9: 1.0, 0.95: 1.26}
+    pts, a = decide(costs, acceptance(noisy, se=0.1))
+    capped, _ = decide(costs, acceptance({**noisy, 0.95: 1.0}, se=0.1))
+    assert pts[0.95].speedup == pytest.approx(capped[0.95].speedup)
+    assert pts[0.95].speedup < pts[0.9].speedup * 1.05  # a head saving only, no jump
+    assert pts[0.95].accepted_length == pytest.approx(pts[0.9].accepted_length)
+
+
 def test_best_k_follows_the_cost_model():
     k, length, step = best_k_rate(0.9, 0.005, (0.1, 0.0), 1, 8)
     assert length == pytest.approx((1 - 0.9**9) / 0.1)
