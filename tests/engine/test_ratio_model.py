@@ -101,8 +101,9 @@ def test_a_kept_share_above_one_is_not_a_gain_to_plan_on():
     costs = StepCosts(1, 0.040, head_times(0.016), VERIFY)
     noisy = {**KEPT, 0.9: 1.0, 0.95: 1.26}
     pts, a = decide(costs, acceptance(noisy, se=0.1))
-    capped, _ = decide(costs, acceptance({**noisy, 0.95: 1.0}, se=0.1))
+    capped, a_capped = decide(costs, acceptance({**noisy, 0.95: 1.0}, se=0.1))
     assert pts[0.95].speedup == pytest.approx(capped[0.95].speedup)
+    assert a.best == a_capped.best
     assert pts[0.95].speedup < pts[0.9].speedup * 1.05  # a head saving only, no jump
     assert pts[0.95].accepted_length == pytest.approx(pts[0.9].accepted_length)
 
