@@ -1,9 +1,22 @@
-"""Adaptive k's cost model (adaptive.py: VerifyCost, relative_costs): pure decisions."""
+"""Adaptive k and its cost model (adaptive.py: best_k, VerifyCost, relative_costs): pure."""
 
 from __future__ import annotations
 
 import pytest
-from slimspec.decoding.adaptive import RelativeCosts, VerifyCost, choose_k, relative_costs
+from slimspec.decoding.adaptive import (
+    RelativeCosts,
+    VerifyCost,
+    best_k,
+    choose_batch_k,
+    expected_tokens,
+    relative_costs,
+)
+
+
+def one_row_k(
+    alpha: float, draft: float, k_min: int = 1, per_token: float = 0.0, single: float = 1.0
+) -> int:
+    return best_k([alpha], RelativeCosts(draft, per_token, single), k_min, 8)
 
 
 def test_verify_line_through_the_observed_token_counts():
@@ -65,29 +78,35 @@ def test_relative_costs_in_units_of_a_one_token_verification():
 def test_dear_verification_means_fewer_drafts():
     """With the draft at 0.19 of a step and acceptance 0.75, free verification says
     k = 3; at the slope measured here (~0.1 of a step per token) k = 2 is faster."""
-    free = choose_k(0.75, 0.19, 1, 8)
-    dear = choose_k(0.75, 0.19, 1, 8, verify_cost_per_token=0.1)
+    free = one_row_k(0.75, 0.19)
+    dear = one_row_k(0.75, 0.19, per_token=0.1)
     assert (free, dear) == (3, 2)
-    assert choose_k(0.9, 0.19, 1, 8, verify_cost_per_token=0.1) < choose_k(0.9, 0.19, 1, 8)
+    assert one_row_k(0.9, 0.19, per_token=0.1) < one_row_k(0.9, 0.19)
+
+
+def test_one_row_k():
+    assert expected_tokens(0.5, 1) == 1.5
+    assert one_row_k(0.95, 0.1) >= 5  # cheap draft, high acceptance: draft far
+    assert one_row_k(0.3, 0.5) == 1
+    assert one_row_k(0.3, 0.5, k_min=0, single=0.7) == 0  # drafting does not pay
+    assert one_row_k(0.9, 0.1, k_min=0, single=0.7) > 0
 
 
 def test_batch_k_maximises_the_whole_batch_rate_not_the_best_row():
     """One eager row and seven reluctant ones: the largest of the rows' choices would
     draft deep for all eight and pay every extra verified token eight times."""
-    from slimspec.decoding.adaptive import choose_batch_k, choose_k, expected_tokens
-
     costs = RelativeCosts(draft=0.05, verify_per_token=0.08, single=1.0)
     alphas = [0.95] + [0.4] * 7
     k = choose_batch_k(alphas, [0] * 8, costs, 1, 8)
-    own = [choose_k(a, 0.05, 1, 8, verify_cost_per_token=0.08) for a in alphas]
+    own = [one_row_k(a, 0.05, per_token=0.08) for a in alphas]
     assert k < max(own)
 
     def rate(k: int) -> float:
         return sum(expected_tokens(a, k) for a in alphas) / (1 + k * (0.05 + 0.08))
 
     assert rate(k) == max(rate(j) for j in range(1, 9))
-    # one row: the same as choose_k; k = 0 unless a row is due to probe
-    assert choose_batch_k([0.7], [0], costs, 1, 8) == choose_k(0.7, 0.05, 1, 8, 0.08)
+    # one row: its own choice; k = 0 unless a row is due to probe
+    assert choose_batch_k([0.7], [0], costs, 1, 8) == one_row_k(0.7, 0.05, per_token=0.08)
     bad = RelativeCosts(draft=2.0, verify_per_token=0.5, single=1.0)
     assert choose_batch_k([0.1, 0.1], [0, 0], bad, 0, 8) == 0
     assert choose_batch_k([0.1, 0.1], [0, 8], bad, 0, 8) == 1

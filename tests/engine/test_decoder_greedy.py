@@ -159,16 +159,6 @@ def test_compaction_keeps_outputs(tiny_weak_pair):
     assert dec.stats.batch_steps > 0
 
 
-def test_choose_k_pure():
-    from slimspec.decoding.adaptive import choose_k, expected_tokens
-
-    assert expected_tokens(0.5, 1) == 1.5
-    assert choose_k(0.95, 0.1, 1, 8) >= 5  # cheap draft, high acceptance: draft far
-    assert choose_k(0.3, 0.5, 1, 8) == 1
-    assert choose_k(0.3, 0.5, 0, 8, single_cost=0.7) == 0  # drafting does not pay
-    assert choose_k(0.9, 0.1, 0, 8, single_cost=0.7) > 0
-
-
 def test_draft_cost_sample_leaves_out_the_catch_up_forward():
     from slimspec.decoding.adaptive import draft_forward_seconds
 

@@ -117,6 +117,20 @@ def test_best_k_follows_the_cost_model():
     assert best_k_rate(0.9, 0.005, (0.1, 0.0), 1, 8, fixed_k=3)[0] == 3
 
 
+def test_the_ratio_model_predicts_the_k_adaptive_k_picks():
+    """One k-search: for the same measured costs the prediction runs the k the engine
+    would choose, on a sloped line and several rows too."""
+    from slimspec.decoding.adaptive import choose_batch_k, one_token_seconds, relative_costs
+
+    line = (0.070, 0.008)
+    for rows, alpha, draft_s in [(1, 0.75, 0.015), (4, 0.9, 0.01), (8, 0.5, 0.03)]:
+        unit = one_token_seconds(line, rows)
+        assert unit is not None
+        costs = relative_costs(line, rows, draft_s / unit, None)
+        adaptive = choose_batch_k([alpha] * rows, [0] * rows, costs, 1, 8)
+        assert best_k_rate(alpha, draft_s, line, rows, 8)[0] == adaptive
+
+
 def test_not_measured_without_ratio_zero():
     assert assess({}, {}).reason == REASON_NOT_MEASURED
 

@@ -23,33 +23,6 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def choose_k(
-    alpha: float,
-    draft_cost: float,
-    k_min: int = 1,
-    k_max: int = 8,
-    verify_cost_per_token: float = 0.0,
-    single_cost: float = 1.0,
-) -> int:
-    """k maximising expected tokens per unit time.
-
-    Time of a step = k * draft_cost + 1 + k * verify_cost_per_token, in units of a
-    multi-token verification (draft_cost = draft forward / verification). k = 0
-    (allowed when k_min == 0) is a plain one-token target step costing single_cost:
-    worth it when acceptance is too low for drafting to pay.
-    """
-    best_k, best = k_min, -1.0
-    for k in range(k_min, k_max + 1):
-        if k == 0:
-            rate = 1.0 / max(1e-6, single_cost)
-        else:
-            cost = k * draft_cost + 1.0 + k * verify_cost_per_token
-            rate = expected_tokens(alpha, k) / cost
-        if rate > best + 1e-12:
-            best_k, best = k, rate
-    return best_k
-
-
 def draft_forward_seconds(draft_s: float, k: int, catch_up_s: float | None) -> float | None:
     """Time of one more draft token, from a draft phase of k forwards that took draft_s.
 
@@ -133,7 +106,7 @@ class VerifyCost:
 
 def one_token_seconds(line: tuple[float, float] | None, rows: int) -> float | None:
     """A verification of one token per row for `rows` rows, read off a VerifyCost line:
-    the unit of choose_k's costs (None without a line or a positive time)."""
+    the unit of `RelativeCosts` (None without a line or a positive time)."""
     if line is None:
         return None
     seconds = line[0] + line[1] * rows
@@ -142,11 +115,40 @@ def one_token_seconds(line: tuple[float, float] | None, rows: int) -> float | No
 
 @dataclass(frozen=True)
 class RelativeCosts:
-    """choose_k's inputs: costs in units of the batch's one-token verification."""
+    """What a step costs, in any one unit of time (`relative_costs`: the batch's
+    one-token verification, so `verify` is 1): a draft forward over the batch, each
+    drafted token's share of the verification on top of `verify`, and a plain one-token
+    target step (k = 0)."""
 
     draft: float
     verify_per_token: float
     single: float
+    verify: float = 1.0
+
+    def step(self, k: int) -> float:
+        """A step of k drafts per row: k draft forwards and the verification of k + 1
+        tokens per row (k = 0: a plain target step)."""
+        if k == 0:
+            return self.single
+        return k * self.draft + self.verify + k * self.verify_per_token
+
+
+def best_k(alphas: Sequence[float], costs: RelativeCosts, k_min: int, k_max: int) -> int:
+    """The k in k_min..k_max with the most expected tokens per unit of time over the rows
+    (ties: the smaller k): the one k-search, for adaptive k (`choose_batch_k`) and the
+    ratio model's predictions (ratio_model.py).
+
+    One draft forward per depth serves every row and every row verifies k + 1 tokens,
+    so the batch shares one cost and the rows' acceptances add up:
+    sum_rows E[tokens | alpha_row, k] / costs.step(k); k = 0 emits one token per row.
+    """
+    chosen, best = k_min, -1.0
+    for k in range(k_min, k_max + 1):
+        tokens = len(alphas) if k == 0 else sum(expected_tokens(a, k) for a in alphas)
+        rate = tokens / max(1e-12, costs.step(k))
+        if rate > best + 1e-12:
+            chosen, best = k, rate
+    return chosen
 
 
 def relative_costs(
@@ -156,7 +158,7 @@ def relative_costs(
     single_s: float | None,
     single_prior: float = 0.75,
 ) -> RelativeCosts:
-    """Turn a verification line (seconds vs rows x tokens) into choose_k's units.
+    """Turn a verification line (seconds vs rows x tokens) into `RelativeCosts`.
 
     The unit is the line at one token per row (`one_token_seconds`); verifying k + 1
     tokens per row then costs 1 + k * verify_per_token. draft_ratio is already a draft
@@ -178,30 +180,17 @@ def choose_batch_k(
     k_max: int,
     probe_every: int = PROBE_EVERY,
 ) -> int:
-    """The k with the most expected tokens per unit time over the whole batch.
-
-    One draft forward per depth serves every row and every row verifies k + 1 tokens,
-    so the batch shares one cost and the rows' acceptances add up: the k maximising
-    sum_rows E[tokens | alpha_row, k] / (k * draft + 1 + k * verify_per_token). (The
-    largest of the rows' own choices over-drafted for every row that accepts less, and
-    a batched verification pays for each of those tokens.) For one row this is
-    choose_k. k = 0 (a plain target step, one token per row) only where k_min allows
-    it and no row is due to probe: a row that chose 0 for probe_every steps drafts, to
-    re-measure its acceptance with the k drafting would use rather than a lone token.
+    """Adaptive k for the batch: `best_k` over the rows' acceptances. (The largest of the
+    rows' own choices over-drafted for every row that accepts less, and a batched
+    verification pays for each of those tokens.) k = 0 (a plain target step, one token
+    per row) only where k_min allows it and no row is due to probe: a row that chose 0
+    for probe_every steps drafts, to re-measure its acceptance with the k drafting
+    would use rather than a lone token.
     """
     lo = k_min
     if lo == 0 and any(idle >= probe_every for idle in idle_steps):
         lo = 1
-    best_k, best = max(lo, 0), -1.0
-    for k in range(lo, k_max + 1):
-        if k == 0:
-            rate = len(alphas) / max(1e-6, costs.single)
-        else:
-            cost = k * costs.draft + 1.0 + k * costs.verify_per_token
-            rate = sum(expected_tokens(a, k) for a in alphas) / cost
-        if rate > best + 1e-12:
-            best_k, best = k, rate
-    return best_k
+    return best_k(alphas, costs, max(lo, 0), k_max)
 
 
 class CostModel:
@@ -220,7 +209,7 @@ class CostModel:
         return 0.0 if line is None or tokens <= 0 else min(cap, line[1] * tokens)
 
     def relative_costs(self, rows: int) -> RelativeCosts:
-        """choose_k's cost inputs for a batch of `rows` rows."""
+        """The k-search's cost inputs for a batch of `rows` rows."""
         return relative_costs(self.verify.line(), rows, self.draft_ratio, self.verify.single_s)
 
     def observe(

@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slimspec.decoding.adaptive import expected_tokens
+from slimspec.decoding.adaptive import RelativeCosts, best_k, expected_tokens
 
 MIN_UNCERTAINTY = 0.03  # relative: step-time noise the model cannot see (drift, contention)
 PRIOR_KEPT_SE = 0.05  # standard error of a kept acceptance that was not measured here
@@ -93,18 +93,12 @@ def best_k_rate(
     k_max: int,
     fixed_k: int | None = None,
 ) -> tuple[int, float, float]:
-    """(k, tokens per verification, step seconds) at the k with the highest rate."""
-    ks = [fixed_k] if fixed_k is not None else range(1, max(1, k_max) + 1)
-    best: tuple[int, float, float] | None = None
-    best_rate = -1.0
-    for k in ks:
-        length = expected_tokens(alpha, k)
-        step = k * draft_s + verify_seconds(line, rows * (k + 1))
-        rate = rows * length / step if step > 0 else 0.0
-        if rate > best_rate + 1e-12:
-            best, best_rate = (k, length, step), rate
-    assert best is not None
-    return best
+    """(k, tokens per verification, step seconds) at the k adaptive k would pick (the
+    shared k-search, adaptive.best_k, in seconds: every row at acceptance alpha)."""
+    one_token = verify_seconds(line, rows)
+    costs = RelativeCosts(draft_s, line[1] * rows, one_token, verify=one_token)
+    k = fixed_k if fixed_k is not None else best_k([alpha] * rows, costs, 1, max(1, k_max))
+    return k, expected_tokens(alpha, k), costs.step(k)
 
 
 def target_only_rate(line: tuple[float, float], rows: int) -> float:
