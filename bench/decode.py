@@ -44,6 +44,7 @@ import torch
 from slimspec import SpeculativeDecoder
 from slimspec.calibrate import main as calibrate_main
 from slimspec.cpu.target_packing import pack_target
+from slimspec.decoding.drafting import HeadDrafter
 from slimspec.draft_head.artifact import find_artifact, load_artifact, stdlib_py_files
 from slimspec.draft_head.corpus import heldout_texts
 from slimspec.weights.loading import load_causal_lm, resolve_model_path
@@ -283,6 +284,7 @@ def profile_steps(dec: SpeculativeDecoder, ids: list[int], n: int) -> dict[str, 
             return timed(self.name, self.base)(*a, **kw)
 
     drafter, verifier = dec._drafter, dec._verifier
+    assert isinstance(drafter, HeadDrafter)  # the decoder's drafter, timed from outside
     orig = drafter.base, verifier.base, dec.head.logits, verifier.head
     drafter.base = TimedBase("draft_body", drafter.base)
     verifier.base = TimedBase("target_body", verifier.base)

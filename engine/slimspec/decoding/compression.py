@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from slimspec.decoding.adaptive import CostModel, draft_forward_seconds
-from slimspec.decoding.drafting import HeadDrafter, Proposal
+from slimspec.decoding.drafting import HeadInUse, Proposal
 from slimspec.decoding.quality import REASON_QUALITY, ShadowCheck
 from slimspec.decoding.ratio_monitor import RatioMonitor, RatioReport
 from slimspec.decoding.settings import DecoderSettings, StepSettings
@@ -53,14 +53,14 @@ class CompressedHead:
 
     def __init__(
         self,
-        drafter: HeadDrafter,
+        heads: HeadInUse,
         settings: DecoderSettings,
         cost: CostModel,
         shadow: ShadowCheck,
         traffic: TrafficRanking,
         calibration: CalibrationArtifact | None,
     ) -> None:
-        self.drafter = drafter
+        self.heads = heads
         self.settings = settings
         self.cost = cost
         self.shadow = shadow
@@ -74,7 +74,7 @@ class CompressedHead:
         return self.monitor.report
 
     def ranking_status(self) -> RankingStatus:
-        cfg = self.drafter.head_config(self.settings.ratio)
+        cfg = self.heads.config(self.settings.ratio)
         return self.traffic.status(cfg.subset_size)
 
     # ----------------------------------------------------------------- step thread
@@ -85,7 +85,7 @@ class CompressedHead:
         frequent re-ranks can never keep it from falling back."""
         new = self.traffic.take_ready()
         if new is not None:
-            self.drafter.head = new
+            self.heads.head = new
             self.shadow.by_ratio.reset()
             if self._guard_judged:
                 self.shadow.monitor.reset()
@@ -99,11 +99,11 @@ class CompressedHead:
         decision for the ratio in force."""
         if verdict.target_argmax is None:
             return
-        head = self.drafter.head
+        head = self.heads.head
         hidden = torch.stack(proposal.shadow_hidden, dim=1)
         target = verdict.target_argmax[:, : proposal.k]
         ratios = [r for r in self.shadow.by_ratio.ratios]
-        cfgs = [HeadConfig(head.vocab, None)] + [self.drafter.head_config(r) for r in ratios]
+        cfgs = [HeadConfig(head.vocab, None)] + [self.heads.config(r) for r in ratios]
         full, *others = head.argmax_by_config(hidden, cfgs)
         self.shadow.check_ratios(dict(zip(ratios, others, strict=True)), full, target)
         if s.ratio <= 0:
@@ -138,8 +138,8 @@ class CompressedHead:
         if self.monitor.observe(rows, s.ratio, forward, head, accepted, k):
             self.refresh(s)
         self.traffic.observe([t for o in outputs for t in o.new_token_ids])
-        cfg = self.drafter.head_config(s.ratio)
-        self.traffic.maybe_start(self.drafter.head, cfg.subset_size)
+        cfg = self.heads.config(s.ratio)
+        self.traffic.maybe_start(self.heads.head, cfg.subset_size)
 
     def count_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
         """Newly admitted requests' prompts: evidence of the traffic's vocabulary."""
@@ -158,5 +158,5 @@ class CompressedHead:
 
     def measure_heads(self, clock: Callable[[], float], s: StepSettings) -> Any:
         """Micro-time every ratio's head (warm-up), then make the first report."""
-        self.monitor.measure_heads(self.drafter.head, self.drafter.head_config, clock)
+        self.monitor.measure_heads(self.heads.head, self.heads.config, clock)
         return self.refresh(s)

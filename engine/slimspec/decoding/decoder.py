@@ -28,7 +28,8 @@ from slimspec.cpu.target_packing import maybe_pack_target
 from slimspec.decoding import grouped_forward
 from slimspec.decoding.adaptive import CostModel, choose_batch_k
 from slimspec.decoding.compression import CompressedHead, resolve_rerank
-from slimspec.decoding.drafting import HeadDrafter
+from slimspec.decoding.drafting import Drafter, HeadDrafter, HeadInUse
+from slimspec.decoding.kv import decoder_stack
 from slimspec.decoding.quality import ShadowCheck
 from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.rows import RowBatch
@@ -228,9 +229,10 @@ class SpeculativeDecoder:
         self.stats = DecoderStats()
         self._cost = CostModel()
         self._verifier = TargetVerifier(self.target, self._clock)
-        self._drafter = HeadDrafter(
-            self.draft, head, self.calibration, vocab_cap, siblings, self._clock
-        )
+        self._heads = HeadInUse(head, self.calibration, vocab_cap)
+        self._sibling_drafts = siblings
+        # Held as the two-method interface: the step only proposes and keeps.
+        self._drafter: Drafter = HeadDrafter(self.draft, self._heads, siblings, self._clock)
         # The head follows the traffic; counts persist for a draft loaded by name.
         counts = resolve_counts_path(
             traffic_counts, names[1] if loaded_by_name else None, head.vocab
@@ -244,14 +246,14 @@ class SpeculativeDecoder:
         )
         self._shadow = ShadowCheck(shadow_every, shadow_min_samples, shadow_window)
         self._compressed = CompressedHead(
-            self._drafter, self._settings, self._cost, self._shadow, traffic, self.calibration
+            self._heads, self._settings, self._cost, self._shadow, traffic, self.calibration
         )
         max_positions = getattr(
             self.target.config.get_text_config(), "max_position_embeddings", None
         )
         self._batch = RowBatch(
             self._verifier.base,
-            self._drafter.base,
+            decoder_stack(self.draft),
             self.device,
             max_positions,
             prefill_batch,
@@ -310,7 +312,7 @@ class SpeculativeDecoder:
 
     @property
     def sibling_drafts(self) -> int:
-        return self._drafter.sibling_drafts
+        return self._sibling_drafts
 
     @property
     def target_vocab(self) -> int:
@@ -324,7 +326,7 @@ class SpeculativeDecoder:
     @property
     def head(self) -> DraftHead:
         """The compressed head in use (a re-rank from traffic replaces it between steps)."""
-        return self._drafter.head
+        return self._heads.head
 
     @property
     def ratio_report(self) -> RatioReport | None:
@@ -356,7 +358,7 @@ class SpeculativeDecoder:
     def head_config(self, ratio: float | None = None) -> HeadConfig:
         """The concrete head used at a ratio (the ratio in force by default)."""
         r = self._settings.ratio if ratio is None else check_ratio(ratio)
-        return self._drafter.head_config(r)
+        return self._heads.config(r)
 
     # ----------------------------------------------------------------- request API
     def add_request(self, req: GenerationRequest) -> None:

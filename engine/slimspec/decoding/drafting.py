@@ -2,7 +2,10 @@
 
 A drafter has two methods, as transformers' CandidateGenerator: `propose` returns a
 Proposal, and `keep_accepted` learns how much of it the target kept (here: the draft
-cache keeps the accepted drafts, the rest become holes).
+cache keeps the accepted drafts, the rest become holes). The decoder holds its drafter
+as a `Drafter` and drives it through these two methods only. Which head the draft
+scores with (re-ranked from traffic between steps, a concrete config per ratio) is
+`HeadInUse`, which the drafter, the decoder and the compressed-head bookkeeping share.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
-from slimspec.decoding.kv import forward
+from slimspec.decoding.kv import decoder_stack, forward
 from slimspec.decoding.rows import RowBatch
 from slimspec.decoding.sampling import BatchSampling
 from slimspec.draft_head.artifact import CalibrationArtifact
@@ -54,28 +57,20 @@ class Drafter(Protocol):
         ...
 
 
-class HeadDrafter:
-    """A draft model whose LM head is the compressed DraftHead."""
+class HeadInUse:
+    """The compressed head the draft scores with, and the concrete head at each ratio.
+
+    `head` is replaced as one object when a re-ranked head is swapped in between steps
+    (compression.py), so every ratio's slices change together."""
 
     def __init__(
-        self,
-        draft: Any,
-        head: DraftHead,
-        calibration: CalibrationArtifact | None,
-        vocab_cap: int | None,
-        sibling_drafts: int,
-        clock: Callable[[], float] = time.perf_counter,
+        self, head: DraftHead, calibration: CalibrationArtifact | None, vocab_cap: int | None
     ) -> None:
-        self.base = draft.get_decoder() if hasattr(draft, "get_decoder") else draft.model
         self.head = head
         self.calibration = calibration
         self.vocab_cap = vocab_cap
-        self.sibling_drafts = sibling_drafts
-        self._clock = clock  # seconds, after the device finished its queued work
-        # The head is timed apart on CPU only: on a GPU that would mean a sync per forward.
-        self.time_head = self.head.ranked_weight.device.type == "cpu"
 
-    def head_config(self, ratio: float) -> HeadConfig:
+    def config(self, ratio: float) -> HeadConfig:
         """The concrete head used at a ratio: the calibration's choice (a subset by the
         formula without one), capped at vocab_cap tokens, within what the head holds."""
         if ratio == 0.0:
@@ -90,11 +85,29 @@ class HeadDrafter:
             cfg = HeadConfig(min(cfg.subset_size, self.head.vocab), None)
         return cfg
 
+
+class HeadDrafter:
+    """A draft model whose LM head is the compressed DraftHead in use."""
+
+    def __init__(
+        self,
+        draft: Any,
+        heads: HeadInUse,
+        sibling_drafts: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.base = decoder_stack(draft)
+        self.heads = heads
+        self.sibling_drafts = sibling_drafts
+        self._clock = clock  # seconds, after the device finished its queued work
+        # The head is timed apart on CPU only: on a GPU that would mean a sync per forward.
+        self.time_head = heads.head.ranked_weight.device.type == "cpu"
+
     def propose(
         self, batch: RowBatch, k: int, sampling: BatchSampling, ratio: float, shadow: bool
     ) -> Proposal:
-        cfg = self.head_config(ratio)
-        head = self.head  # one head object for the whole step (a re-rank swaps it between steps)
+        cfg = self.heads.config(ratio)
+        head = self.heads.head  # one object for the whole step (a re-rank swaps it between steps)
         token_ids = head.token_ids(cfg)
         # Greedy batches also propose the draft's runner-up at the first m depths.
         m = min(k, self.sibling_drafts) if sampling.all_greedy and len(token_ids) > 1 else 0

@@ -211,6 +211,12 @@ def _filled(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
     return layer.keys, layer.values
 
 
+def decoder_stack(model: Any) -> Any:
+    """A causal LM's decoder stack without its LM head: what `forward` runs (the draft's
+    head is the compressed one, the target's is applied to the positions it needs)."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
 def forward(
     base: Any,
     kv: BatchKV,

@@ -12,7 +12,7 @@ import torch
 
 from slimspec.decoding.drafting import Proposal
 from slimspec.decoding.grouped_forward import Group, forward_groups
-from slimspec.decoding.kv import forward
+from slimspec.decoding.kv import decoder_stack, forward
 from slimspec.decoding.rows import RowBatch, RowOutcome
 from slimspec.decoding.sampling import BatchSampling, full_vocab_q
 from slimspec.decoding.siblings import tree_attention, tree_positions, verify_greedy_siblings
@@ -49,7 +49,7 @@ class TargetVerifier:
     """The target model: scores a proposal in one forward and keeps what it accepts."""
 
     def __init__(self, target: Any, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
+        self.base = decoder_stack(target)
         self.head = target.get_output_embeddings()
         self.softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
         self.vocab = self.head.weight.shape[0]
