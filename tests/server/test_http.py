@@ -223,6 +223,21 @@ def test_blocked_words_filter(make_server, auth) -> None:  # type: ignore[no-unt
         assert "***" in out and not re.search(rf"(?<!\w){re.escape(words[0])}(?!\w)", out, re.I)
 
 
+def test_target_only_reports_no_compression_in_force(make_server, auth) -> None:  # type: ignore[no-untyped-def]
+    """Without a draft nothing is compressed: /infer, /metrics and the admin view say
+    0.0 in force whatever ratio the runtime settings ask for (the setting is kept)."""
+    with make_server(model=_target_only()) as base:
+        r = httpx.put(f"{base}/admin/runtime", json={"compression_ratio": 0.5}, headers=auth)
+        assert r.status_code == 200
+        body = post(base, "/infer", json={"input": "hi", "max_length": 3}).json()
+        assert body["compression_ratio"] == 0.0
+        assert re.search(
+            r"^slimspec_compression_ratio 0\.0$", httpx.get(f"{base}/metrics").text, re.M
+        )
+        view = httpx.get(f"{base}/admin/runtime", headers=auth).json()
+        assert view["compression_ratio"] == 0.5 and view["compression_ratio_in_force"] == 0.0
+
+
 def test_drain_then_503(make_server, auth) -> None:  # type: ignore[no-untyped-def]
     with make_server(model=_target_only()) as base:
         r = httpx.post(f"{base}/admin/drain", json={"timeout_s": 5}, headers=auth, timeout=30)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+from slimspec.decoding.stats import DecoderStats
 from slimspec.server.metrics import Metrics
 
 
@@ -35,19 +35,20 @@ def test_gpu_gauges_only_with_a_gpu(monkeypatch: Any) -> None:
 
 def test_observe_step_turns_cumulative_stats_into_counters() -> None:
     m = Metrics(enable_gpu=False)
-    stats = SimpleNamespace(
+    stats = DecoderStats(
         drafted=10,
         accepted=6,
         verify_steps=4,
-        fallbacks=Counter(),
         kept_acceptance=0.9,
-        recent_mean_accepted_length=2.5,
         draft_time_s=0.5,
         target_time_s=1.0,
         prefill_time_s=0.25,
         fused_prefills=1,
     )
-    eng = SimpleNamespace(stats=stats, compression_ratio=0.2)
+    stats.recent_accepted_lengths.extend([2.0, 3.0])
+    eng = SimpleNamespace(
+        stats=stats, compression_ratio=0.2, ratio_report=None, ranking_status=lambda: None
+    )
     m.observe_step(eng, 3)
     stats.drafted, stats.accepted, stats.verify_steps = 14, 9, 6
     stats.draft_time_s, stats.target_time_s, stats.fused_prefills = 0.75, 1.5, 3

@@ -29,6 +29,7 @@ from slimspec.decoding import grouped_forward
 from slimspec.decoding.adaptive import CostModel, choose_batch_k
 from slimspec.decoding.compression import CompressedHead, resolve_rerank
 from slimspec.decoding.drafting import Drafter, HeadDrafter, HeadInUse
+from slimspec.decoding.engine import DraftHeadInfo, Engine, eos_token_ids
 from slimspec.decoding.kv import decoder_stack
 from slimspec.decoding.quality import ShadowCheck
 from slimspec.decoding.ratio_monitor import RatioReport
@@ -73,7 +74,7 @@ def log_draft_head(calibrated: bool, source: str | None) -> None:
         log.info("draft head: uncalibrated fallback (no calibration artifact)")
 
 
-class SpeculativeDecoder:
+class SpeculativeDecoder(Engine):
     """Exact speculative decoding with a compressed draft head.
 
     SpeculativeDecoder(small_model_path=..., compression_ratio=0.3, vocab_size=100000)
@@ -336,6 +337,13 @@ class SpeculativeDecoder:
     def ranking_status(self) -> RankingStatus:
         """Where the head's token ranking comes from, its age and coverage."""
         return self._compressed.ranking_status()
+
+    def draft_head_info(self) -> DraftHeadInfo:
+        return DraftHeadInfo(self.calibration is not None, self.calibration_source or "")
+
+    def stop_token_ids(self) -> frozenset[int]:
+        """What the server stops requests at: the tokenizer's and the target's EOS ids."""
+        return eos_token_ids(self.tokenizer, self.target)
 
     def rerank_now(self, timeout: float = 60.0, freeze: bool = False) -> bool:
         """Re-rank the head on all the traffic counted so far, wait for it and swap it in

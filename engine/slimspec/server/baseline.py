@@ -2,7 +2,9 @@
 
 It is the "no speculation" baseline the benchmark compares against, and what the
 server runs when no draft model is given. Each request keeps its own KV cache;
-step() advances every active request by one token.
+step() advances every active request by one token. It has no draft, so no compressed
+head: it accepts the runtime settings and reports compression_ratio 0.0 (nothing of a
+draft's scoring is removed: nothing is drafted), never the ratio it was sent.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from typing import Any
 
 import torch
 
+from slimspec.decoding.engine import NO_DRAFT_RATIO, DraftHeadInfo, Engine, eos_token_ids
+from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.sampling import coupled_choice, race_noise, sampling_tensors, warp_probs
+from slimspec.decoding.stats import DecoderStats
 from slimspec.decoding.types import (
     GenerationRequest,
     GenerationResult,
@@ -46,15 +51,7 @@ class _Seq:
     stats: RequestStats = field(default_factory=RequestStats)
 
 
-@dataclass
-class BaselineStats:
-    drafted: int = 0
-    accepted: int = 0
-    verify_steps: int = 0
-    fallbacks: int = 0
-
-
-class TargetOnlyEngine:
+class TargetOnlyEngine(Engine):
     """One-token-per-step decoding of the target model, step API compatible."""
 
     def __init__(
@@ -63,25 +60,44 @@ class TargetOnlyEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = device
-        self.compression_ratio = 0.0
-        self.quality_threshold = 0.95
-        self.fallback_strategy = "auto"
-        self.stats = BaselineStats()
+        self.stats = DecoderStats()  # nothing is drafted: the counters stay at 0
         self.prefill_chunk = prefill_chunk  # most prompt tokens prefilled per step, all requests
         text_config = model.config.get_text_config()
-        self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
+        self._max_context: int | None = getattr(text_config, "max_position_embeddings", None)
         self._seqs: dict[str, _Seq] = {}
         self._lock = threading.Lock()
 
-    # runtime settings: accepted and reported, nothing to compress without a draft
-    def set_compression_ratio(self, r: float) -> None:
-        self.compression_ratio = float(r)
+    @property
+    def max_context(self) -> int | None:
+        return self._max_context
 
-    def set_quality_threshold(self, t: float) -> None:
-        self.quality_threshold = float(t)
+    # No draft: nothing to compress or check. The settings are accepted (the runtime
+    # ConfigMap is the same for every engine of a service) and change nothing.
+    @property
+    def compression_ratio(self) -> float:
+        return NO_DRAFT_RATIO
 
-    def set_fallback_strategy(self, s: str) -> None:
-        self.fallback_strategy = s
+    def set_compression_ratio(self, ratio: float) -> None:
+        pass
+
+    def set_quality_threshold(self, threshold: float) -> None:
+        pass
+
+    def set_fallback_strategy(self, strategy: str) -> None:
+        pass
+
+    @property
+    def ratio_report(self) -> RatioReport | None:
+        return None
+
+    def ranking_status(self) -> None:
+        return None
+
+    def draft_head_info(self) -> DraftHeadInfo | None:
+        return None
+
+    def stop_token_ids(self) -> frozenset[int]:
+        return eos_token_ids(self.tokenizer, self.model)
 
     def add_request(self, req: GenerationRequest) -> None:
         if not req.prompt_ids:

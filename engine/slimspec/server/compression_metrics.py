@@ -9,11 +9,12 @@ change only when the decoder made a new report.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from slimspec.decoding.engine import Engine
 from slimspec.decoding.ratio_model import REASON_NOT_MEASURED, REASONS
+from slimspec.decoding.ratio_monitor import RatioReport
 
 SOURCES = ("calibration", "traffic")
 
@@ -80,7 +81,7 @@ class CompressionMetrics:
         self.ranking_age.set_function(
             lambda: time.time() - self._built_at if self._built_at is not None else 0.0
         )
-        self._report: Any = None
+        self._report: RatioReport | None = None
         self._reranks = 0
         self._set_reason(REASON_NOT_MEASURED)
 
@@ -88,9 +89,10 @@ class CompressionMetrics:
         for r in REASONS:
             self.can_help_info.labels(reason=r).set(1.0 if r == reason else 0.0)
 
-    def observe(self, engine: Any) -> None:
-        """After a step: export the engine's latest report and ranking status, if it has them."""
-        report = getattr(engine, "ratio_report", None)
+    def observe(self, engine: Engine) -> None:
+        """After a step: export the engine's latest report and ranking status (an engine
+        without a draft has neither)."""
+        report = engine.ratio_report
         if report is not None and report is not self._report:
             self._report = report
             for ratio, point in report.points.items():
@@ -102,9 +104,8 @@ class CompressionMetrics:
             self.best.set(report.assessment.best)
             self.can_help.set(1.0 if report.assessment.can_help else 0.0)
             self._set_reason(report.assessment.reason)
-        status_fn = getattr(engine, "ranking_status", None)
-        if callable(status_fn):
-            status = status_fn()
+        status = engine.ranking_status()
+        if status is not None:
             self._built_at = status.built_at
             self.coverage.set(status.coverage)
             if status.reranks > self._reranks:

@@ -3,7 +3,7 @@ target-only baseline when no draft is given."""
 
 from __future__ import annotations
 
-from slimspec.server.scheduler import Engine
+from slimspec.decoding.engine import Engine
 from slimspec.server.service import ModelRef
 
 NO_DRAFT = ("", "none", "null")

@@ -1,7 +1,7 @@
 """Prometheus metrics of one engine process; names are fixed by docs/contracts.md.
 
 Each app gets its own CollectorRegistry so several apps (tests, swap) never clash.
-Decoder statistics are cumulative on the decoder; `observe_engine` turns them into
+Decoder statistics are cumulative on the engine; `observe_step` turns them into
 counter increments by diffing against the last values seen.
 """
 
@@ -22,8 +22,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from slimspec.decoding.engine import Engine
+from slimspec.decoding.stats import DecoderStats
 from slimspec.server.compression_metrics import CompressionMetrics
-from slimspec.server.scheduler import Engine
 
 log = logging.getLogger(__name__)
 
@@ -65,25 +66,6 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ACCEPT_WINDOW = 64  # verify steps' worth of history for the mean accepted length
-
-
-def stat_value(stats: Any, *names: str) -> float:
-    """First present numeric attribute/key of a stats object (decoders differ a little)."""
-    for n in names:
-        v = stats.get(n) if isinstance(stats, dict) else getattr(stats, n, None)
-        if isinstance(v, int | float):
-            return float(v)
-    return 0.0
-
-
-def fallback_counts(stats: Any) -> dict[str, float]:
-    """Fallbacks by reason; a plain number counts as reason 'quality'."""
-    v = stats.get("fallbacks") if isinstance(stats, dict) else getattr(stats, "fallbacks", None)
-    if isinstance(v, dict):
-        return {str(k): float(c) for k, c in v.items()}
-    if isinstance(v, int | float):
-        return {"quality": float(v)}
-    return {}
 
 
 class _GpuCollector:
@@ -226,36 +208,30 @@ class Metrics:
         self.model_info.info({"version": version, "target": target, "draft": draft or "none"})
 
     def set_draft_head(self, engine: Engine) -> None:
-        """slimspec_draft_head_info{calibrated, artifact} from the engine's calibration."""
-        calibrated = getattr(engine, "calibration", None) is not None
-        artifact = getattr(engine, "calibration_source", None) or ""
-        info = {"calibrated": "true" if calibrated else "false", "artifact": artifact}
-        self.draft_head.info(info)
-
-    def set_settings(self, compression_ratio: float, quality_threshold: float) -> None:
-        self.compression_ratio.set(compression_ratio)
-        self.quality_threshold.set(quality_threshold)
+        """slimspec_draft_head_info{calibrated, artifact} from the engine's calibration
+        (calibrated false, artifact "" for an engine without a draft)."""
+        head = engine.draft_head_info()
+        calibrated = "true" if head is not None and head.calibrated else "false"
+        self.draft_head.info({"calibrated": calibrated, "artifact": head.artifact if head else ""})
 
     def observe_step(self, engine: Engine, batch_size: int) -> None:
         """Called on the scheduler thread after each engine step."""
         self.batch_size.observe(batch_size)
-        stats = getattr(engine, "stats", None)
-        if stats is None:
-            return
+        stats = engine.stats
         last = self._last.setdefault(id(engine), {})
+        totals = {
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "verify_steps": stats.verify_steps,
+            "draft_s": stats.draft_time_s,
+            "verify_s": stats.target_time_s,
+            "prefill_s": stats.prefill_time_s,
+            "fused_prefills": stats.fused_prefills,
+        }
         deltas: dict[str, float] = {}
-        for key, names in {
-            "drafted": ("drafted", "draft_tokens"),
-            "accepted": ("accepted", "accepted_tokens"),
-            "verify_steps": ("verify_steps",),
-            "draft_s": ("draft_time_s",),
-            "verify_s": ("target_time_s",),
-            "prefill_s": ("prefill_time_s",),
-            "fused_prefills": ("fused_prefills",),
-        }.items():
-            v = stat_value(stats, *names)
+        for key, v in totals.items():
             deltas[key] = max(0.0, v - last.get(key, 0.0))
-            last[key] = v
+            last[key] = float(v)
         self.drafted.inc(deltas["drafted"])
         self.accepted.inc(deltas["accepted"])
         self.verify_steps.inc(deltas["verify_steps"])
@@ -268,36 +244,28 @@ class Metrics:
                 self._window.popleft()
             acc = sum(a for a, _ in self._window)
             ver = sum(v for _, v in self._window)
-            recent = getattr(stats, "recent_mean_accepted_length", None)  # the decoder's own window
-            self.mean_accepted.set(
-                recent if isinstance(recent, float) and recent > 0 else (acc + ver) / ver
-            )
-        for reason, count in fallback_counts(stats).items():
+            recent = stats.recent_mean_accepted_length  # the decoder's own window
+            self.mean_accepted.set(recent if recent > 0 else (acc + ver) / ver)
+        for reason, count in stats.fallbacks.items():
             k = f"fallbacks:{reason}"
             d = count - last.get(k, 0.0)
-            last[k] = count
+            last[k] = float(count)
             if d > 0:
-                self.fallbacks.labels(reason=reason).inc(d)
+                self.fallbacks.labels(reason=str(reason)).inc(d)
         self._observe_positions(stats, last)
-        kept = stat_value(stats, "kept_acceptance", "acceptance_kept_ratio", "kept_ratio")
-        if kept > 0:
-            self.kept_ratio.set(kept)
-        ratio = getattr(engine, "compression_ratio", None)
-        if isinstance(ratio, int | float):
-            self.compression_ratio.set(ratio)
+        if stats.kept_acceptance is not None and stats.kept_acceptance > 0:
+            self.kept_ratio.set(stats.kept_acceptance)
+        self.compression_ratio.set(engine.compression_ratio)  # in force; 0.0 without a draft
         self.compression.observe(engine)
 
-    def _observe_positions(self, stats: Any, last: dict[str, float]) -> None:
+    def _observe_positions(self, stats: DecoderStats, last: dict[str, float]) -> None:
         """Per-position counters from the decoder's cumulative per-position lists."""
-        for attr, counter in (
-            ("drafted_per_position", self.position_drafted),
-            ("accepted_per_position", self.position_accepted),
+        for name, values, counter in (
+            ("drafted_per_position", stats.drafted_per_position, self.position_drafted),
+            ("accepted_per_position", stats.accepted_per_position, self.position_accepted),
         ):
-            values = getattr(stats, attr, None)
-            if not isinstance(values, list):
-                continue
             for i, v in enumerate(values):
-                key = f"{attr}:{i}"
+                key = f"{name}:{i}"
                 d = float(v) - last.get(key, 0.0)
                 last[key] = float(v)
                 if d > 0:

@@ -1,7 +1,7 @@
 """Dynamic batching: one scheduler thread drives an engine's step() for all requests.
 
-The engine (SpeculativeDecoder, or the target-only baseline) owns the tensors and
-decodes every admitted request a little per step(); the scheduler decides who is
+The engine (a StepEngine: SpeculativeDecoder, or the target-only baseline) owns the
+tensors and decodes every admitted request a little per step(); the scheduler decides who is
 admitted (up to max_batch_size, with a short wait window so concurrent arrivals
 start together), enforces deadlines and cancellations between steps, runs queued
 control calls (runtime settings) between steps, and hands each StepOutput to the
@@ -19,25 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
+from slimspec.decoding.engine import StepEngine
 from slimspec.decoding.types import GenerationRequest, StepOutput
 
 log = logging.getLogger(__name__)
-
-
-class Engine(Protocol):
-    """What the server runs: the step-wise decoder interface the scheduler drives
-    (SpeculativeDecoder, or the target-only baseline), and the tokenizer the routes
-    encode prompts with. Optional, looked up by name: warmup(), the runtime-setting
-    setters, compression_ratio and stats."""
-
-    tokenizer: Any
-
-    def add_request(self, req: GenerationRequest) -> None: ...
-    def cancel(self, request_id: str) -> None: ...
-    def step(self) -> list[StepOutput]: ...
-    def has_work(self) -> bool: ...
 
 
 class QueueFull(Exception):
@@ -115,15 +101,15 @@ class Scheduler:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: StepEngine,
         config: SchedulerConfig | None = None,
-        on_step: Callable[[Engine, int, float], None] | None = None,
+        on_step: Callable[[int, float], None] | None = None,
         on_finish: Callable[[RequestHandle, StepOutput], None] | None = None,
         name: str = "slimspec-scheduler",
     ) -> None:
         self.engine = engine
         self.config = config or SchedulerConfig()
-        self._on_step = on_step  # (engine, batch_size, step_seconds), on the scheduler thread
+        self._on_step = on_step  # (batch_size, step_seconds), on the scheduler thread
         self._on_finish = on_finish
         self._cond = threading.Condition()
         self._pending: collections.deque[RequestHandle] = collections.deque()
@@ -333,7 +319,7 @@ class Scheduler:
             self._deliver(owner, out)
         if self._on_step is not None:
             try:
-                self._on_step(self.engine, batch, dt)
+                self._on_step(batch, dt)
             except Exception:
                 log.exception("on_step hook failed")
         self._notify()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slimspec.decoding.engine import Engine
 from slimspec.decoding.types import GenerationRequest, SamplingParams
 from slimspec.server.health import EngineCondition, HealthPolicy, liveness_problem
 from slimspec.server.metrics import Metrics
@@ -25,7 +26,6 @@ from slimspec.server.middleware import InFlight
 from slimspec.server.postprocess import FilterRules
 from slimspec.server.runtime_config import RuntimeSettings
 from slimspec.server.scheduler import (
-    Engine,
     NotAccepting,
     RequestHandle,
     Scheduler,
@@ -67,35 +67,11 @@ class ServiceUnavailable(Exception):
         self.retry_after_s = retry_after_s
 
 
-def stop_token_ids(engine: Engine) -> frozenset[int]:
-    """EOS ids of the tokenizer and the model's generation config (chat models end on several)."""
-    ids: set[int] = set()
-    explicit = getattr(engine, "stop_token_ids", None)
-    if explicit:
-        ids.update(int(i) for i in explicit)
-    tok = getattr(engine, "tokenizer", None)
-    if tok is not None and getattr(tok, "eos_token_id", None) is not None:
-        ids.add(int(tok.eos_token_id))
-    for model_attr in ("target", "target_model", "model"):
-        cfg = getattr(getattr(engine, model_attr, None), "generation_config", None)
-        eos = getattr(cfg, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, list | tuple):
-            ids.update(int(i) for i in eos)
-    return frozenset(ids)
-
-
 def apply_settings_to_engine(engine: Engine, s: RuntimeSettings) -> None:
-    """Push settings into the decoder; runs on the scheduler thread between steps."""
-    if hasattr(engine, "set_compression_ratio"):
-        engine.set_compression_ratio(s.compression_ratio)
-    if hasattr(engine, "set_quality_threshold"):
-        engine.set_quality_threshold(s.quality_threshold)
-    if hasattr(engine, "set_fallback_strategy"):
-        engine.set_fallback_strategy(s.fallback_strategy)
-    elif hasattr(engine, "fallback_strategy"):
-        engine.fallback_strategy = s.fallback_strategy
+    """Push settings into the engine; runs on the scheduler thread between steps."""
+    engine.set_compression_ratio(s.compression_ratio)
+    engine.set_quality_threshold(s.quality_threshold)
+    engine.set_fallback_strategy(s.fallback_strategy)
 
 
 @dataclass
@@ -113,8 +89,8 @@ class Served:
     @property
     def max_context(self) -> int | None:
         """Most tokens (prompt + generated) a request may hold, when the engine knows it."""
-        n = getattr(self.engine, "max_context", None)
-        return n if isinstance(n, int) and n > 0 else None
+        n = self.engine.max_context
+        return n if n is not None and n > 0 else None
 
 
 class EngineService:
@@ -149,7 +125,7 @@ class EngineService:
         self._stop = threading.Event()
         self._swap_lock = threading.Lock()
         self._retired: list[Served] = []
-        metrics.set_settings(settings.compression_ratio, settings.quality_threshold)
+        metrics.quality_threshold.set(settings.quality_threshold)
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -175,12 +151,12 @@ class EngineService:
         t0 = time.perf_counter()
         engine = self.loader(ref)
         apply_settings_to_engine(engine, self.settings)
-        if self.warmup and hasattr(engine, "warmup"):
+        if self.warmup:
             engine.warmup()
         sched = Scheduler(
             engine,
             self.sched_config,
-            on_step=lambda eng, b, dt: self._on_step(eng, b),
+            on_step=lambda batch, dt: self._on_step(engine, batch),
             name=f"scheduler-{ref.version}",
         ).start()
         log.info(
@@ -190,7 +166,7 @@ class EngineService:
             ref.draft,
             time.perf_counter() - t0,
         )
-        return Served(ref=ref, engine=engine, scheduler=sched, stop_ids=stop_token_ids(engine))
+        return Served(ref=ref, engine=engine, scheduler=sched, stop_ids=engine.stop_token_ids())
 
     def load_initial(self) -> None:
         """Blocking first load, retried with back-off (run it in a thread; /readyz says
@@ -225,6 +201,7 @@ class EngineService:
         self.current = served
         r = served.ref
         self.metrics.set_model(r.version, r.target, r.draft or "none")
+        self.metrics.compression_ratio.set(served.engine.compression_ratio)
         self.metrics.set_draft_head(served.engine)
 
     def swap(self, ref: ModelRef, drain_timeout_s: float = 600.0) -> dict[str, Any]:
@@ -309,17 +286,24 @@ class EngineService:
 
     def update_settings(self, updates: dict[str, Any]) -> RuntimeSettings:
         self.settings = new = self.settings.merged(updates)
-        self.metrics.set_settings(new.compression_ratio, new.quality_threshold)
+        self.metrics.quality_threshold.set(new.quality_threshold)
         served = self.current
         if served is not None:
             eng = served.engine
-            served.scheduler.call_between_steps(lambda: apply_settings_to_engine(eng, new))
+
+            def apply() -> None:
+                apply_settings_to_engine(eng, new)
+                # the gauge shows what is in force (0.0 without a draft), not what was asked
+                self.metrics.compression_ratio.set(eng.compression_ratio)
+
+            served.scheduler.call_between_steps(apply)
         return new
 
     def compression_ratio(self) -> float:
+        """The ratio in force: the serving engine's (0.0 without a draft); the setting
+        while no model is loaded."""
         served = self.current
-        r = getattr(served.engine, "compression_ratio", None) if served else None
-        return float(r) if isinstance(r, int | float) else self.settings.compression_ratio
+        return served.engine.compression_ratio if served else self.settings.compression_ratio
 
     # --- requests -----------------------------------------------------------
 
