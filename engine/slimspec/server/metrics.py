@@ -68,6 +68,14 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ACCEPT_WINDOW = 64  # verify steps' worth of history for the mean accepted length
 
 
+def since_last(last: dict[str, float], key: str, total: float) -> float:
+    """How much a cumulative total grew since the last call for `key` (never below 0:
+    a counter only goes up); remembers the total."""
+    grew = max(0.0, float(total) - last.get(key, 0.0))
+    last[key] = float(total)
+    return grew
+
+
 class _GpuCollector:
     """GPU utilisation and memory through NVML; only registered when a GPU is present."""
 
@@ -228,10 +236,7 @@ class Metrics:
             "prefill_s": stats.prefill_time_s,
             "fused_prefills": stats.fused_prefills,
         }
-        deltas: dict[str, float] = {}
-        for key, v in totals.items():
-            deltas[key] = max(0.0, v - last.get(key, 0.0))
-            last[key] = float(v)
+        deltas = {key: since_last(last, key, v) for key, v in totals.items()}
         self.drafted.inc(deltas["drafted"])
         self.accepted.inc(deltas["accepted"])
         self.verify_steps.inc(deltas["verify_steps"])
@@ -247,10 +252,7 @@ class Metrics:
             recent = stats.recent_mean_accepted_length  # the decoder's own window
             self.mean_accepted.set(recent if recent > 0 else (acc + ver) / ver)
         for reason, count in stats.fallbacks.items():
-            k = f"fallbacks:{reason}"
-            d = count - last.get(k, 0.0)
-            last[k] = float(count)
-            if d > 0:
+            if (d := since_last(last, f"fallbacks:{reason}", count)) > 0:
                 self.fallbacks.labels(reason=str(reason)).inc(d)
         self._observe_positions(stats, last)
         if stats.kept_acceptance is not None and stats.kept_acceptance > 0:
@@ -265,10 +267,7 @@ class Metrics:
             ("accepted_per_position", stats.accepted_per_position, self.position_accepted),
         ):
             for i, v in enumerate(values):
-                key = f"{name}:{i}"
-                d = float(v) - last.get(key, 0.0)
-                last[key] = float(v)
-                if d > 0:
+                if (d := since_last(last, f"{name}:{i}", v)) > 0:
                     counter.labels(position=str(i + 1)).inc(d)
 
     def forget_engine(self, engine: Engine) -> None:
