@@ -4,7 +4,7 @@ version change under load.
     .venv/bin/python bench/rollout.py [--runs 2] [--clients 4] [--replicas 2]
         [--out bench/results/rollout.json]
 
-Everything is real (slimspec_testbed.node): kubelet + containerd + kube-proxy, the
+Everything is real (slimspec_testbed.node.node_cluster): kubelet + containerd + kube-proxy, the
 operator installed by helm from its built image, engine pods from the built engine
 image on the small real model (SmolLM2-135M drafting for itself, CPU) mounted from a
 PersistentVolume, requests through the Service's ClusterIP.
@@ -37,10 +37,9 @@ from typing import Any
 import httpx
 import yaml
 from slimspec_testbed.models import small_real_model
-from slimspec_testbed.node import NodeCluster, running_node_cluster
-from slimspec_testbed.resources import service_from_example, with_version
-from slimspec_testbed.tools import Helm, helm_env, tool_path
-from slimspec_testbed.userpath import (
+from slimspec_testbed.node.node_cluster import NodeCluster, running_node_cluster
+from slimspec_testbed.scenarios.resources import service_from_example, with_version
+from slimspec_testbed.scenarios.userpath import (
     CHART,
     ENGINE_SELECTOR,
     OPERATOR_NAMESPACE,
@@ -59,6 +58,7 @@ from slimspec_testbed.userpath import (
     wait_pods_ready,
     wait_until,
 )
+from slimspec_testbed.tools import Helm, helm_env, tool_path
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "chat"

@@ -49,13 +49,18 @@ from typing import Any
 
 from kubernetes import client
 from slimspec.draft_head.corpus import heldout_texts
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.control_plane import running_cluster
+from slimspec_testbed.cluster.control_plane import running_cluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.models import real_model_pair
 from slimspec_testbed.prometheus import PrometheusServer, scrape_config, scrape_job
-from slimspec_testbed.resources import GROUP, PLURAL, VERSION, controlled_by, service_manifest
-from slimspec_testbed.tools import REPO_ROOT, free_port, tool_path
-from slimspec_testbed.tuning_scenario import (
+from slimspec_testbed.scenarios.resources import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    controlled_by,
+    service_manifest,
+)
+from slimspec_testbed.scenarios.tuning import (
     LoadGen,
     Recorder,
     engine_process,
@@ -63,6 +68,7 @@ from slimspec_testbed.tuning_scenario import (
     tuner_process,
     wait_ready,
 )
+from slimspec_testbed.tools import REPO_ROOT, free_port, tool_path
 
 SVC = "chat"
 RESULTS = REPO_ROOT / "bench" / "results"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .main import main
+from slimspec_operator.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 import kopf
 from prometheus_client import start_http_server
 
-OPTIONAL_HANDLER_MODULES = ("slimspec_operator.tuning_handlers",)
+OPTIONAL_HANDLER_MODULES = ("slimspec_operator.tuning.handlers",)
 
 
 def load_handlers() -> list[str]:
     """Import the handler modules; Kopf registers handlers at import time."""
-    importlib.import_module("slimspec_operator.handlers")
-    loaded = ["slimspec_operator.handlers"]
+    importlib.import_module("slimspec_operator.rollout.handlers")
+    loaded = ["slimspec_operator.rollout.handlers"]
     for name in OPTIONAL_HANDLER_MODULES:
         if importlib.util.find_spec(name) is not None:  # the tuner ships separately
             importlib.import_module(name)

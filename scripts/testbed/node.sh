@@ -3,7 +3,7 @@
 # host-local, loopback, portmap) + kubelet + kube-proxy, all inside one private
 # network + mount namespace that has only `lo` and the pods' bridge: nothing is
 # routed or masqueraded off the machine. The control plane (started by the Python
-# test bed, slimspec_testbed.node) runs in the same network namespace, and the
+# test bed, slimspec_testbed.node.node_cluster) runs in the same network namespace, and the
 # tests enter it to reach pod and Service addresses.
 #
 #   node.sh up DIR OWNER_PID   namespaces, bridge, cgroups, containerd, images

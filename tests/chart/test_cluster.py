@@ -32,7 +32,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.tools import Helm, free_port
 
 from .conftest import (

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 import yaml
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.tools import Helm, run_checked
 
 from .conftest import CHART, REPO

@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.tools import run_checked
 
 from .conftest import CHART, REPO, prometheus_rule_groups, render

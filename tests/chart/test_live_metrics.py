@@ -34,7 +34,7 @@ import pytest
 import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.tools import free_port
 
 from .conftest import REPO, contract_metrics, dashboard_exprs
@@ -306,7 +306,8 @@ def test_example_scrape_config_dashboard_and_tuner_queries_on_real_prometheus(
         assert all(results[title]), f"no data for panel {title!r}"
 
     # The operator's tuner finds the engine with its default queries.
-    from slimspec_operator.queries import DEFAULT_QUERIES, render_query
+    from slimspec_operator.resource.queries import DEFAULT_QUERIES
+    from slimspec_operator.tuning.prometheus.queries import render_query
 
     for key in ("p99Latency", "requestRate", "meanAcceptedLength", "fallbackRate"):
         q = render_query(DEFAULT_QUERIES[key], namespace, "chat", "15s")

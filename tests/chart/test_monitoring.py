@@ -190,7 +190,8 @@ def test_scrape_labels_match_the_tuners_queries(rendered_variants: dict) -> None
     """The operator's tuner selects engine series by {namespace, service}; the
     chart's PodMonitor must produce both (namespace comes with every
     Kubernetes target; `service` is relabelled from the pod's instance label)."""
-    from slimspec_operator.queries import DEFAULT_QUERIES, render_query
+    from slimspec_operator.resource.queries import DEFAULT_QUERIES
+    from slimspec_operator.tuning.prometheus.queries import render_query
 
     used = set()
     for template in DEFAULT_QUERIES.values():

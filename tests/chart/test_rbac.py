@@ -1,7 +1,7 @@
 """Least privilege: the operator's rendered RBAC is exactly the expected rules.
 
 The expected rules are the API calls the operator makes (its Kopf handlers and
-kube.py); tests/chart/test_cluster.py proves that they are enough and that the
+kube/client.py); tests/chart/test_cluster.py proves that they are enough and that the
 operator uses them (the real operator with the chart's ServiceAccount token, its
 requests read back from the API server's audit log). The default is namespace
 scope: nothing the operator may write reaches beyond the watched namespaces.

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.control_plane import running_cluster
+from slimspec_testbed.cluster.control_plane import running_cluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.tools import Helm, helm_env, tool_path
 
 from .conftest import CHART

@@ -1,9 +1,9 @@
 """Fixtures of the end-to-end suite: the real node, its images, the user's path.
 
 ``node`` (package: up while tests/e2e runs, torn down after it): a
-    :class:`~slimspec_testbed.node.NodeCluster` — containerd, kubelet, kube-proxy, CNI,
+    :class:`~slimspec_testbed.node.node_cluster.NodeCluster` — containerd, kubelet, kube-proxy, CNI,
     and a control plane with scheduler and node lifecycle, in the node's own network
-    namespace (``slimspec_testbed.node``).
+    namespace (``slimspec_testbed.node.node_cluster``).
 ``in_node`` (module): runs the module's tests in the node's network namespace, where
     pod and Service addresses and the API server are. Modules that talk to the cluster
     use it (``pytestmark = pytest.mark.usefixtures("in_node")``), and so do their
@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.node import NodeCluster, running_node_cluster
-from slimspec_testbed.tools import Helm, helm_env, tool_path
-from slimspec_testbed.userpath import (
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.node.node_cluster import NodeCluster, running_node_cluster
+from slimspec_testbed.scenarios.userpath import (
     CHART,
     MODELS_CLAIM,
     OPERATOR_NAMESPACE,
@@ -38,6 +37,7 @@ from slimspec_testbed.userpath import (
     service_namespace,
     wait_pods_ready,
 )
+from slimspec_testbed.tools import Helm, helm_env, tool_path
 
 
 @pytest.fixture(scope="package")

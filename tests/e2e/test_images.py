@@ -16,15 +16,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from slimspec_testbed.images import (
+from slimspec_testbed.node.images import (
     KERNEL_LOADER_PROBE,
     Docker,
     ImageTags,
     docker_daemon,
     image_tags,
 )
+from slimspec_testbed.scenarios.userpath import models_volume_dir
 from slimspec_testbed.tools import REPO_ROOT, free_port
-from slimspec_testbed.userpath import models_volume_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

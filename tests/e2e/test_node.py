@@ -13,10 +13,10 @@ import httpx
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.node import NodeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.node.node_cluster import NodeCluster
+from slimspec_testbed.scenarios.userpath import cluster_ip, wait_pods_ready, wait_until
 from slimspec_testbed.tools import free_port, tool_path
-from slimspec_testbed.userpath import cluster_ip, wait_pods_ready, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.usefixtures("in_node")]
 

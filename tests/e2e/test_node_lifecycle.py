@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from slimspec_testbed.images import image_tags
-from slimspec_testbed.node import NODE_SCRIPT, RUN_PREFIX, read_state
+from slimspec_testbed.node.images import image_tags
+from slimspec_testbed.node.node_cluster import NODE_SCRIPT, RUN_PREFIX, read_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -22,12 +22,11 @@ import httpx
 import openai
 import pytest
 from kubernetes import client
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.images import KERNEL_LOADER_PROBE
-from slimspec_testbed.node import NodeCluster
-from slimspec_testbed.resources import service_from_example, with_version
-from slimspec_testbed.tools import REPO_ROOT
-from slimspec_testbed.userpath import (
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.node.images import KERNEL_LOADER_PROBE
+from slimspec_testbed.node.node_cluster import NodeCluster
+from slimspec_testbed.scenarios.resources import service_from_example, with_version
+from slimspec_testbed.scenarios.userpath import (
     ENGINE_SELECTOR,
     OPERATOR_NAMESPACE,
     PROMETHEUS_NAMESPACE,
@@ -47,6 +46,7 @@ from slimspec_testbed.userpath import (
     wait_pods_ready,
     wait_until,
 )
+from slimspec_testbed.tools import REPO_ROOT
 
 pytestmark = [
     pytest.mark.e2e,

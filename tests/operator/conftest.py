@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.resources import sample_service as sample  # noqa: F401 (tests import it here)
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.scenarios.resources import sample_service as sample  # noqa: F401 (tests import it here)
 from slimspec_testbed.tools import free_port
 
 from tests.support.chart_rbac import chart_operator_role_all_modes

@@ -8,8 +8,8 @@ import time
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.pods import PodDriver
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.cluster.pods import PodDriver
 
 from .conftest import HASH, Api, OperatorProcess, sample
 

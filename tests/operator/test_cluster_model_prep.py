@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.tools import free_port
 
 from tests.support.hub_standin import HubStandIn

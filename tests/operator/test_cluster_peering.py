@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 
 from .conftest import ROOT, Api, OperatorProcess, sample
 

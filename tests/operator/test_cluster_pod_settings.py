@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 
 from .conftest import Api, OperatorProcess, sample
 from .test_pod_settings import ENGINE, POD

@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.pods import PodDriver
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.cluster.pods import PodDriver
 
 from .conftest import HASH, Api, OperatorProcess, ServingMonitor, sample
 

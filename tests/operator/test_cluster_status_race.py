@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slimspec_operator import handlers
-from slimspec_operator import kube as kube_module
-from slimspec_operator.kube import ApiError, Kube
-from slimspec_operator.reconcile import reconcile
+from slimspec_operator.kube import client as kube_module
+from slimspec_operator.kube.client import ApiError, Kube
+from slimspec_operator.rollout import handlers
+from slimspec_operator.rollout.reconcile import reconcile
 
 from .conftest import Api, G, P, V, sample
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 
 from tests.support.crd_fixtures import CrdServer
 
@@ -247,8 +247,8 @@ def test_built_manifests_pass_api_server_validation(
 ):
     """Every builder's output, for a huggingface target (init container + cache) and
     a CPU-only pod, is accepted by the real API server (server-side dry run)."""
-    from slimspec_operator import manifests as m
-    from slimspec_operator.spec import SlimSpecService
+    from slimspec_operator.resource.spec import SlimSpecService
+    from slimspec_operator.rollout import manifests as m
 
     body = sample(
         resources={"gpu": 0, "memory": "2Gi", "cpu": "500m"},

@@ -1,7 +1,7 @@
 from datetime import UTC, datetime
 
 import pytest
-from slimspec_operator.conditions import get_condition, is_true, set_condition
+from slimspec_operator.kube.conditions import get_condition, is_true, set_condition
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 T1 = datetime(2026, 1, 1, 12, 5, 0, tzinfo=UTC)

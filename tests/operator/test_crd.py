@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from slimspec_operator.spec import SlimSpecService
+from slimspec_operator.resource.spec import SlimSpecService
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "slimspecservice.yaml").read_text())

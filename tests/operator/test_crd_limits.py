@@ -5,7 +5,7 @@ of the whole spec in an annotation (its diff base) for every resource that has
 create/update/resume/delete handlers; a spec larger than what is left of that
 budget would be accepted by the API server and then never handled, since each of
 the operator's patches would be refused. So the operator registers no such
-handlers (it is level-based: handlers.py reconciles on a new metadata.generation),
+handlers (it is level-based: rollout/handlers.py reconciles on a new metadata.generation),
 and keeps nothing of the spec in annotations. The pod settings the spec takes
 (env, args, affinity, ...) are then bounded only by what the API server stores.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import kopf
 import pytest
-import slimspec_operator.handlers
-import slimspec_operator.tuning_handlers  # noqa: F401
+import slimspec_operator.rollout.handlers
+import slimspec_operator.tuning.handlers  # noqa: F401
 from slimspec_operator.contract import GROUP
 
 from .conftest import HASH, Api, OperatorProcess, sample

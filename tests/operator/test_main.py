@@ -20,4 +20,4 @@ def test_optional_handler_modules_are_imported_only_when_present(
     monkeypatch: pytest.MonkeyPatch,
 ):
     monkeypatch.setattr(main, "OPTIONAL_HANDLER_MODULES", ("slimspec_operator.not_there",))
-    assert main.load_handlers() == ["slimspec_operator.handlers"]
+    assert main.load_handlers() == ["slimspec_operator.rollout.handlers"]

@@ -1,5 +1,5 @@
-from slimspec_operator import manifests as m
-from slimspec_operator.spec import SlimSpecService
+from slimspec_operator.resource.spec import SlimSpecService
+from slimspec_operator.rollout import manifests as m
 
 from .helpers import body
 

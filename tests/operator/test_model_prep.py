@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from slimspec_operator import manifests as m
-from slimspec_operator.model_prep import (
+from slimspec_operator.resource.spec import SlimSpecService
+from slimspec_operator.rollout import manifests as m
+from slimspec_operator.rollout.model_prep import (
     cache_claim,
     hub_path,
     job_state,
     prep_job,
     preparation,
 )
-from slimspec_operator.spec import SlimSpecService
 
 from .helpers import body
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slimspec_operator.ownership import Conflict, conflict_message, conflicts, owned_by
+from slimspec_operator.kube.ownership import Conflict, conflict_message, conflicts, owned_by
 
 
 def obj(*refs: dict[str, Any]) -> dict[str, Any]:
@@ -48,9 +48,9 @@ def test_long_lists_are_cut() -> None:
 
 
 def test_the_names_a_round_may_write() -> None:
-    from slimspec_operator.model_prep import preparation
-    from slimspec_operator.reconcile import writable_names
-    from slimspec_operator.spec import SlimSpecService
+    from slimspec_operator.resource.spec import SlimSpecService
+    from slimspec_operator.rollout.model_prep import preparation
+    from slimspec_operator.rollout.reconcile import writable_names
 
     from .helpers import body
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import ValidationError
-from slimspec_operator import manifests as m
-from slimspec_operator.spec import SlimSpecService
-from slimspec_operator.spec_pod import RESERVED_ENV, RESERVED_LABELS
+from slimspec_operator.resource.spec import SlimSpecService
+from slimspec_operator.resource.spec_pod import RESERVED_ENV, RESERVED_LABELS
+from slimspec_operator.rollout import manifests as m
 
 from .helpers import body
 from .test_crd import CRD

@@ -10,8 +10,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from slimspec_operator import manifests as m
-from slimspec_operator.spec import SlimSpecService
+from slimspec_operator.resource.spec import SlimSpecService
+from slimspec_operator.rollout import manifests as m
 
 from .helpers import body
 

@@ -1,6 +1,6 @@
 from datetime import UTC, datetime, timedelta
 
-from slimspec_operator.rollout import (
+from slimspec_operator.rollout.plan import (
     ApplyDeployment,
     DeleteDeployment,
     Desired,

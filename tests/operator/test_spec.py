@@ -1,4 +1,4 @@
-"""The typed spec (spec.py) against the CRD, which is the contract: every field the
+"""The typed spec (resource/spec.py) against the CRD, which is the contract: every field the
 CRD has, with the same type, bounds, enum, pattern and required-ness, and the
 rules the API server enforces (CEL) enforced again when a spec is parsed."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import ValidationError
-from slimspec_operator.spec import SlimSpecService, SlimSpecServiceSpec, TuningView
+from slimspec_operator.resource.spec import SlimSpecService, SlimSpecServiceSpec, TuningView
 
 from .test_cluster_validation import _DELETE, CASES, _set
 

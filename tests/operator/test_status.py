@@ -1,9 +1,9 @@
 from datetime import UTC, datetime
 
-from slimspec_operator.kube import observe_deployment, service_hash
-from slimspec_operator.rollout import Cond, Observed, ObservedDeployment, Plan
-from slimspec_operator.spec import SlimSpecService, ratio_in_force
-from slimspec_operator.status import build_status, compression_patch
+from slimspec_operator.resource.spec import SlimSpecService, ratio_in_force
+from slimspec_operator.rollout.observe import observe_deployment, service_hash
+from slimspec_operator.rollout.plan import Cond, Observed, ObservedDeployment, Plan
+from slimspec_operator.rollout.status import build_status, compression_patch
 
 from .helpers import body
 
@@ -111,8 +111,8 @@ def test_observe_deployment_and_service_hash():
 
 
 def test_url_and_models_status():
-    from slimspec_operator.model_prep import preparation
-    from slimspec_operator.status import PrepStatus
+    from slimspec_operator.rollout.model_prep import preparation
+    from slimspec_operator.rollout.status import PrepStatus
 
     s = svc(calibration={"enabled": True})
     st = build_status(s, plan(), observed(2), T0)
@@ -165,7 +165,7 @@ def test_served_version_keeps_its_preparation_in_status():
 
 
 def test_refused_round_keeps_ready_and_says_why():
-    from slimspec_operator.status import refused
+    from slimspec_operator.rollout.status import refused
 
     st = build_status(svc(), plan(), observed(2), T0)
     out = refused(st, "ResourceConflict", "Service chat exists ...", 3, T0)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.control_plane import running_cluster
+from slimspec_testbed.cluster.control_plane import running_cluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.tools import pinned_versions
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "slimspecservice.yaml"

@@ -4,11 +4,12 @@ All fail (never skip) with "run `bash scripts/testbed/install.sh`" when a binary
 missing. The objects they yield are documented in the package's modules.
 
 ``kube_cluster`` (session scope; shared by every test module of the run)
-    A :class:`~slimspec_testbed.cluster.KubeCluster` (``slimspec_testbed.control_plane``
-    starts it). With ``SLIMSPEC_TESTBED_DIR`` set (``python -m slimspec_testbed``
-    prints it) the run attaches to that cluster instead and leaves it running.
+    A :class:`~slimspec_testbed.cluster.handle.KubeCluster`
+    (``slimspec_testbed.cluster.control_plane`` starts it). With ``SLIMSPEC_TESTBED_DIR``
+    set (``python -m slimspec_testbed`` prints it) the run attaches to that cluster
+    instead and leaves it running.
 ``namespace`` (function scope): a fresh namespace name per test, deleted after it.
-``pod_driver`` (function scope): a :class:`~slimspec_testbed.pods.PodDriver`;
+``pod_driver`` (function scope): a :class:`~slimspec_testbed.cluster.pods.PodDriver`;
     background drivers it started are stopped at test end.
 ``helm`` (function scope, needs ``kube_cluster``): a :class:`~slimspec_testbed.tools.Helm`;
     ``helm.path`` is the binary, ``helm("install", "rel", chart_dir, "-n", ns)``
@@ -33,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slimspec_testbed.cluster import KubeCluster, attach_cluster
-from slimspec_testbed.control_plane import running_cluster
+from slimspec_testbed.cluster.control_plane import running_cluster
+from slimspec_testbed.cluster.handle import KubeCluster, attach_cluster
+from slimspec_testbed.cluster.pods import PodDriver
 from slimspec_testbed.errors import TestbedError
-from slimspec_testbed.pods import PodDriver
 from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer, scrape_config
 from slimspec_testbed.tools import Helm, helm_env, tool_path
 

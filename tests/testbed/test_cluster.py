@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from slimspec_testbed import control_plane
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.pods import PodDriver
+from slimspec_testbed.cluster import control_plane
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.cluster.pods import PodDriver
 from slimspec_testbed.tools import pinned_versions
 
 pytestmark = pytest.mark.cluster

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from slimspec_testbed.cluster import KubeCluster
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.tools import Helm
 
 pytestmark = pytest.mark.cluster

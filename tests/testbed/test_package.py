@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 IMPORT_ALL = """
 import importlib, pkgutil, sys
 import slimspec_testbed
-for mod in pkgutil.iter_modules(slimspec_testbed.__path__):
-    if mod.name != "__main__":
-        importlib.import_module(f"slimspec_testbed.{mod.name}")
+for mod in pkgutil.walk_packages(slimspec_testbed.__path__, "slimspec_testbed."):
+    if not mod.name.endswith("__main__"):
+        importlib.import_module(mod.name)
 print("pytest" in sys.modules)
 """
 

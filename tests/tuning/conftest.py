@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from slimspec_operator.contract import RATIO_KEY, format_ratio
-from slimspec_operator.ratio_predictions import ACCEPTANCE_LOSS, HEAD_SHARE_TOO_SMALL
+from slimspec_operator.tuning.predictions import ACCEPTANCE_LOSS, HEAD_SHARE_TOO_SMALL
 from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer, scrape_job
 from slimspec_testbed.tools import free_port
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from slimspec_operator.ratio_predictions import (
+from slimspec_operator.tuning.predictions import (
     HEAD_SHARE_TOO_SMALL,
     NO_PREDICTED_GAIN,
     Predictions,

@@ -6,9 +6,10 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from slimspec_operator import autoscaler
-from slimspec_operator.autoscaler import AutoscalerSettings, Recommendation, decide
-from slimspec_operator.tuner import Sample
+from slimspec_operator.tuning import autoscaler
+from slimspec_operator.tuning.autoscaler import AutoscalerSettings, Recommendation, decide
+from slimspec_operator.tuning.keda import scaled_object
+from slimspec_operator.tuning.types import Sample
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 S = AutoscalerSettings(
@@ -110,7 +111,7 @@ def test_queue_depth_rule() -> None:
 
 
 def test_scaled_object_shape() -> None:
-    so = autoscaler.scaled_object(
+    so = scaled_object(
         name="svc",
         namespace="ns",
         owner_uid="uid-1",

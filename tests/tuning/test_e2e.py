@@ -24,9 +24,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 from slimspec_testbed.prometheus import PrometheusFactory, scrape_job
-from slimspec_testbed.resources import GROUP, PLURAL, VERSION, controlled_by, service_manifest
-from slimspec_testbed.tools import free_port
-from slimspec_testbed.tuning_scenario import (
+from slimspec_testbed.scenarios.resources import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    controlled_by,
+    service_manifest,
+)
+from slimspec_testbed.scenarios.tuning import (
     LoadGen,
     Recorder,
     engine_process,
@@ -34,6 +39,7 @@ from slimspec_testbed.tuning_scenario import (
     tuner_process,
     wait_ready,
 )
+from slimspec_testbed.tools import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 

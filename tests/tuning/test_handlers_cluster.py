@@ -1,4 +1,4 @@
-"""tuning_tick.tick against the real API server and a real Prometheus.
+"""tuning/tick.py's tick against the real API server and a real Prometheus.
 
 The clock is injected (cooldowns are minutes long in production); everything
 else is real: the CRD's schema and status subresource, server-side apply,
@@ -13,12 +13,15 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from slimspec_operator import autoscaler, prom, tuner
 from slimspec_operator.contract import GROUP, KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, PLURAL, VERSION
-from slimspec_operator.kube import Kube
-from slimspec_operator.queries import DEFAULT_QUERIES, rate_window, render_query
-from slimspec_operator.tuning_tick import Memory, tick
-from slimspec_testbed.resources import controlled_by, service_manifest
+from slimspec_operator.kube.client import Kube
+from slimspec_operator.resource.queries import DEFAULT_QUERIES
+from slimspec_operator.tuning import autoscaler
+from slimspec_operator.tuning import types as tt
+from slimspec_operator.tuning.prometheus import errors as perr
+from slimspec_operator.tuning.prometheus.queries import rate_window, render_query
+from slimspec_operator.tuning.tick import Memory, tick
+from slimspec_testbed.scenarios.resources import controlled_by, service_manifest
 from slimspec_testbed.tools import free_port
 
 from tests.support.chart_rbac import bind_to_operator_account
@@ -149,15 +152,15 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     kube, mem = Kube(api), Memory(started=T0)
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st is not None
-    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_CONFIRMING
+    assert st["compression"]["lastDecision"]["reason"] == tt.HOLD_CONFIRMING
     st = await tick(svc.get(), mem, kube, at(10), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.35)
 
     body = svc.get()
     comp = body["status"]["compression"]
-    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tuner.ABOVE_TARGET
+    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tt.ABOVE_TARGET
     entry = comp["history"][-1]
-    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, tuner.ABOVE_TARGET)
+    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, tt.ABOVE_TARGET)
     assert comp["lastRaise"]["requestRate"] > 1  # the load the raise answered
     assert comp["trial"]["basis"] == "predicted" and comp["trial"]["p99BeforeSeconds"] > 0.6
     # The engines' predictions, averaged over pods by ratio, as the tuner read them.
@@ -173,13 +176,13 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     # The engine follows the ConfigMap; its p99 falls a little (0.656 -> 0.632 s).
     p99_now(server, namespace, lambda v: v < 0.645)
     st = await tick(svc.get(), mem, kube, at(20), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_MEASURING
+    assert st["compression"]["lastDecision"]["reason"] == tt.HOLD_MEASURING
 
     # Prometheus down: hold, and say why; the change stays under measurement.
     server.stop()
     st = await tick(svc.get(), mem, kube, at(60), force=True)
     cond = svc.condition()
-    assert (cond["status"], cond["reason"]) == ("False", prom.UNREACHABLE)
+    assert (cond["status"], cond["reason"]) == ("False", perr.UNREACHABLE)
     comp = svc.get()["status"]["compression"]
     assert comp["ratio"] == pytest.approx(0.35) and "trial" in comp
     assert svc.configmap_ratio() == "0.35"
@@ -193,9 +196,9 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     await tick(svc.get(), mem, kube, at(70), force=True)
     assert svc.condition()["status"] == "True"
     st = await tick(svc.get(), mem, kube, at(80), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tuner.CONFIRMED
+    assert st["compression"]["lastDecision"]["reason"] == tt.CONFIRMED
     assert st["compression"]["lastTrial"]["kept"] is True and "trial" not in st["compression"]
-    assert tuner.CONFIRMED in svc.events()
+    assert tt.CONFIRMED in svc.events()
     st = await tick(svc.get(), mem, kube, at(90), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.4)
     assert svc.configmap_ratio() == "0.4"
@@ -211,7 +214,7 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     assert st["compression"]["lastTrial"]["kept"] is True  # a predicted move stays
     st = await tick(svc.get(), mem, kube, at(220), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.3)
-    assert st["compression"]["reason"] == tuner.BELOW_TARGET
+    assert st["compression"]["reason"] == tt.BELOW_TARGET
 
 
 async def test_the_tuner_never_writes_a_runtime_configmap_it_does_not_own(
@@ -222,7 +225,7 @@ async def test_the_tuner_never_writes_a_runtime_configmap_it_does_not_own(
     load_exporter: LoadExporter,
 ) -> None:
     """Someone else's ConfigMap under the runtime name: the tuner decides as usual, but
-    writes nothing there and says why (as the reconciler refuses it: ownership.py)."""
+    writes nothing there and says why (as the reconciler refuses it: kube/ownership.py)."""
     svc, server = where_the_ratio_helps(
         api, namespace, prometheus_server, load_exporter, owned=False
     )
@@ -266,20 +269,20 @@ async def test_a_change_that_made_latency_worse_is_reverted_and_backed_off(
     st = await tick(svc.get(), mem, kube, at(55), force=True)
     comp = st["compression"]
     assert comp["ratio"] == pytest.approx(0.3), comp["lastDecision"]
-    assert comp["reason"] == tuner.REVERTED_WORSE
+    assert comp["reason"] == tt.REVERTED_WORSE
     assert svc.configmap_ratio() == "0.3"
     assert comp["lastTrial"]["outcome"] == "Worse" and comp["lastTrial"]["kept"] is False
     (backoff,) = comp["backoff"]
     assert (backoff["from"], backoff["direction"], backoff["count"]) == (0.3, "up", 1)
     assert backoff["until"] == "2026-01-01T12:05:55Z"  # 10 cooldowns after the revert
     events = client.CoreV1Api(api).list_namespaced_event(namespace).items
-    revert = next(e for e in events if e.reason == tuner.REVERTED_WORSE)
+    revert = next(e for e in events if e.reason == tt.REVERTED_WORSE)
     assert revert.type == "Warning" and "0.4 -> 0.3" in revert.message
     # The revert brings p99 back; still over target, but the raise is backed off.
     p99_now(server, namespace, lambda v: v < 0.6)
     await tick(svc.get(), mem, kube, at(90), force=True)
     st = await tick(svc.get(), mem, kube, at(100), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_BACKING_OFF
+    assert st["compression"]["lastDecision"]["reason"] == tt.HOLD_BACKING_OFF
     assert svc.configmap_ratio() == "0.3"
 
 
@@ -305,7 +308,7 @@ async def test_where_compression_cannot_help_the_ratio_goes_low_and_says_why(
 
     st = await tick(svc.get(), Memory(started=T0), Kube(api), at(0), force=True)
     comp = st["compression"]
-    assert comp["ratio"] == pytest.approx(0.2) and comp["reason"] == tuner.CANNOT_HELP
+    assert comp["ratio"] == pytest.approx(0.2) and comp["reason"] == tt.CANNOT_HELP
     assert svc.configmap_ratio() == "0.2"
     cond = svc.condition("CompressionEffective")
     assert (cond["status"], cond["reason"]) == ("False", "HeadShareTooSmall")
@@ -336,7 +339,7 @@ async def test_quality_guard_and_no_data(
     # p99 is over target, but kept acceptance is below threshold: down, at once.
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.2)
-    assert st["compression"]["reason"] == tuner.QUALITY_GUARD
+    assert st["compression"]["reason"] == tt.QUALITY_GUARD
     assert svc.configmap_ratio() == "0.2"
 
     # A query that matches nothing: NoData, and the condition says so.
@@ -345,7 +348,7 @@ async def test_quality_guard_and_no_data(
     body["spec"]["tuning"]["queries"] = queries
     await tick(body, mem, kube, at(100), force=True)
     cond = svc.condition()
-    assert (cond["status"], cond["reason"]) == ("False", prom.NO_DATA)
+    assert (cond["status"], cond["reason"]) == ("False", perr.NO_DATA)
 
 
 async def test_operator_autoscaling_scales_through_the_scale_subresource(
@@ -377,7 +380,7 @@ async def test_operator_autoscaling_scales_through_the_scale_subresource(
     # The replica change starts the ratio's settle window: p99 is over target,
     # but the ratio holds while the new capacity takes effect.
     st = await tick(svc.get(), mem, kube, at(10), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tuner.HOLD_SETTLING
+    assert st["compression"]["lastDecision"]["reason"] == tt.HOLD_SETTLING
     assert st["compression"]["ratio"] == pytest.approx(0.3)
     # Load gone: no scale-down inside the stabilisation window.
     load_exporter.set(rate=0.5)
@@ -490,7 +493,7 @@ async def test_tuner_works_with_exactly_the_charts_rbac(
         # Quality guard (ConfigMap patch, Event, status apply) and a scale-up
         # (scale subresource) in one tick, all as the chart's ServiceAccount.
         st = await tick(svc.get(), mem, kube, at(0), force=True)
-        assert st["compression"]["reason"] == tuner.QUALITY_GUARD
+        assert st["compression"]["reason"] == tt.QUALITY_GUARD
         assert svc.configmap_ratio() == "0.2"
         assert svc.get()["spec"]["replicas"] >= 2
         assert {"CompressionChanged", "Scaled"} <= set(svc.events())
@@ -531,6 +534,6 @@ async def test_a_tick_planned_from_a_stale_read_does_not_undo_a_status_edit(
     assert st is not None and st["compression"]["ratio"] == 0.45
     status = svc.get()["status"]
     assert status["compression"]["ratio"] == 0.45  # not put back to the stale 0.3
-    assert status["compression"]["lastDecision"]["reason"] == prom.UNREACHABLE
-    assert svc.condition()["reason"] == prom.UNREACHABLE
+    assert status["compression"]["lastDecision"]["reason"] == perr.UNREACHABLE
+    assert svc.condition()["reason"] == perr.UNREACHABLE
     assert svc.configmap_ratio() == "0.3"  # held: nothing else was written

@@ -1,4 +1,4 @@
-"""prom.py against a real Prometheus scraping a real prometheus_client exporter."""
+"""tuning/prometheus/client.py against a real Prometheus scraping a real exporter."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from slimspec_operator import prom
-from slimspec_operator.prom import PromClient, PromError
-from slimspec_operator.queries import DEFAULT_QUERIES, render_query
-from slimspec_operator.spec import TuningView
-from slimspec_operator.tuning_tick import read_sample
+from slimspec_operator.resource.queries import DEFAULT_QUERIES
+from slimspec_operator.resource.spec import TuningView
+from slimspec_operator.tuning.prometheus import errors as perr
+from slimspec_operator.tuning.prometheus.client import PromClient
+from slimspec_operator.tuning.prometheus.errors import PromError
+from slimspec_operator.tuning.prometheus.queries import render_query
+from slimspec_operator.tuning.tick import read_sample
 from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer
 from slimspec_testbed.tools import free_port
 
@@ -97,7 +99,7 @@ def test_default_queries_read_the_engine_metrics(
     # Another service's labels select nothing: NoData, not an exception.
     other = render_query(DEFAULT_QUERIES["requestRate"], "ns1", "other")
     err = run(_error(server.url, other))
-    assert err.reason == prom.NO_DATA and not err.transport
+    assert err.reason == perr.NO_DATA and not err.transport
 
 
 async def _error(url: str, promql: str, timeout: float = 5) -> PromError:
@@ -113,18 +115,18 @@ def test_error_kinds(prometheus_server: PrometheusFactory, exporter: Exporter) -
     server.wait_for_query("slimspec_acceptance_kept_ratio", bool, timeout=20)
 
     nan = run(_error(server.url, "min(slimspec_acceptance_kept_ratio)"))
-    assert nan.reason == prom.NOT_A_NUMBER
+    assert nan.reason == perr.NOT_A_NUMBER
     bad = run(_error(server.url, "sum(rate(x[5m]"))
-    assert bad.reason == prom.QUERY_ERROR and bad.transport
+    assert bad.reason == perr.QUERY_ERROR and bad.transport
     many = run(_error(server.url, "up or vector(1)"))
-    assert many.reason == prom.AMBIGUOUS
+    assert many.reason == perr.AMBIGUOUS
     # An exporter is an HTTP server, but not the query API.
     not_prom = run(_error(f"http://{exporter.target}", "up"))
-    assert not_prom.reason in (prom.BAD_RESPONSE, prom.HTTP_ERROR) and not_prom.transport
+    assert not_prom.reason in (perr.BAD_RESPONSE, perr.HTTP_ERROR) and not_prom.transport
 
     server.stop()
     down = run(_error(server.url, "up"))
-    assert down.reason == prom.UNREACHABLE and down.transport
+    assert down.reason == perr.UNREACHABLE and down.transport
     server.start()
     server.wait_for_query("up", bool)
 
@@ -156,7 +158,7 @@ def test_timeout_on_a_server_that_never_answers() -> None:
     thread.start()
     try:
         err = run(_error(f"http://127.0.0.1:{port}", "up", timeout=0.5))
-        assert err.reason == prom.TIMEOUT and err.transport
+        assert err.reason == perr.TIMEOUT and err.transport
     finally:
         stop.set()
         thread.join(2)
@@ -169,7 +171,7 @@ def test_predictions_are_read_per_ratio_and_averaged_over_pods(
     prometheus_server: PrometheusFactory,
 ) -> None:
     """Two engine pods of one service export per-ratio predictions; the tuner's
-    read (tuning_tick.read_sample, the real path) averages them by ratio, and
+    read (tuning/tick.py read_sample, the real path) averages them by ratio, and
     only pods that have measured say whether compression can help."""
     servers, targets = [], []
     # The second pod has not measured yet: it exports 0 with the reason not_measured.

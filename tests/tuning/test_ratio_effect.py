@@ -1,15 +1,15 @@
-"""Unit tests of the trial verdicts and back-off (ratio_effect.py) and of the
-prediction helpers (ratio_predictions.py)."""
+"""Unit tests of the trial verdicts and back-off (tuning/trials.py) and of the
+prediction helpers (tuning/predictions.py)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from slimspec_operator import ratio_effect as fx
-from slimspec_operator import ratio_predictions as rp
-from slimspec_operator.ratio_effect import Trial, judge, with_backoff
-from slimspec_operator.ratio_predictions import Predictions
+from slimspec_operator.tuning import predictions as rp
+from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning.predictions import Predictions
+from slimspec_operator.tuning.trials import Trial, judge, with_backoff
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

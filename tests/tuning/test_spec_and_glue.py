@@ -8,10 +8,14 @@ from datetime import UTC, datetime
 
 import pytest
 from pydantic import ValidationError
-from slimspec_operator import prom, tuner
-from slimspec_operator import ratio_effect as fx
-from slimspec_operator.prom import PromError
-from slimspec_operator.queries import (
+from slimspec_operator.resource.spec import TuningView
+from slimspec_operator.tuning import guards
+from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning import types as tt
+from slimspec_operator.tuning.plan import tuner_settings
+from slimspec_operator.tuning.prometheus import errors as perr
+from slimspec_operator.tuning.prometheus.errors import PromError
+from slimspec_operator.tuning.prometheus.queries import (
     VECTOR_LABELS,
     queries_for,
     rate_window,
@@ -19,15 +23,13 @@ from slimspec_operator.queries import (
     sample_from,
     vector_values,
 )
-from slimspec_operator.ratio_effect import BackOff, EffectMemory, Trial, Verdict
-from slimspec_operator.spec import TuningView
-from slimspec_operator.tuning_plan import tuner_settings
-from slimspec_operator.tuning_status import (
+from slimspec_operator.tuning.status import (
     changes_from_status,
     compression_status,
     effect_from_status,
     effect_status,
 )
+from slimspec_operator.tuning.trials import BackOff, EffectMemory, Trial, Verdict
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -92,16 +94,16 @@ def test_sample_from_results() -> None:
         {
             "p99Latency": 0.5,
             "requestRate": 3.0,
-            "keptAcceptance": PromError(prom.NO_DATA, "none"),
+            "keptAcceptance": PromError(perr.NO_DATA, "none"),
         },
     )
     assert s.error is None and s.p99_latency == 0.5 and s.kept_acceptance is None
-    assert s.missing == {"keptAcceptance": prom.NO_DATA}
+    assert s.missing == {"keptAcceptance": perr.NO_DATA}
     down = sample_from(
-        NOW, {"p99Latency": PromError(prom.UNREACHABLE, "refused"), "requestRate": 1.0}
+        NOW, {"p99Latency": PromError(perr.UNREACHABLE, "refused"), "requestRate": 1.0}
     )
-    assert down.error == (prom.UNREACHABLE, "refused")
-    assert tuner.decide([down], 0.3, tuner.TunerSettings(), NOW).metrics_reason == prom.UNREACHABLE
+    assert down.error == (perr.UNREACHABLE, "refused")
+    assert guards.decide([down], 0.3, tt.TunerSettings(), NOW).metrics_reason == perr.UNREACHABLE
 
 
 def test_vector_answers_and_predictions() -> None:
@@ -116,16 +118,16 @@ def test_vector_answers_and_predictions() -> None:
     assert vector_values(data, "ratio", "q") == {"0.0": 2.0, "0.3": 2.4}
     with pytest.raises(PromError) as info:
         vector_values({"resultType": "vector", "result": []}, "ratio", "q")
-    assert info.value.reason == prom.NO_DATA
+    assert info.value.reason == perr.NO_DATA
     with pytest.raises(PromError) as info:
         vector_values({"resultType": "scalar", "result": [1, "1"]}, "ratio", "q")
-    assert info.value.reason == prom.BAD_RESPONSE
+    assert info.value.reason == perr.BAD_RESPONSE
     s = sample_from(
         NOW,
         {"p99Latency": 0.5, "requestRate": 3.0, "bestRatio": 0.3, "compressionCanHelp": 1.0},
         {
             "predictedSpeedup": {"0.0": 2.0, "0.3": 2.4, "junk": 9.0},
-            "ratioKeptAcceptance": PromError(prom.NO_DATA, "not measured yet"),
+            "ratioKeptAcceptance": PromError(perr.NO_DATA, "not measured yet"),
             "compressionCanHelpReason": {"helps": 2.0},
         },
     )
@@ -149,7 +151,7 @@ def test_vector_answers_and_predictions() -> None:
     # Every pod still measuring: the can-help query has no series, nothing is known.
     unmeasured = sample_from(
         NOW,
-        {"requestRate": 3.0, "compressionCanHelp": PromError(prom.NO_DATA, "")},
+        {"requestRate": 3.0, "compressionCanHelp": PromError(perr.NO_DATA, "")},
         {"compressionCanHelpReason": {"not_measured": 2.0}},
     )
     assert unmeasured.predictions is None
@@ -182,17 +184,17 @@ def test_effect_memory_round_trips_through_status() -> None:
 
 def test_compression_status_and_history_round_trip() -> None:
     view = TuningView.from_spec({"tuning": {"enabled": True}})
-    d = tuner.Decision(0.35, True, tuner.ABOVE_TARGET, "p99 high", True)
-    sample = tuner.Sample(NOW, p99_latency=0.6, request_rate=4.0, kept_acceptance=math.nan)
+    d = tt.Decision(0.35, True, tt.ABOVE_TARGET, "p99 high", True)
+    sample = tt.Sample(NOW, p99_latency=0.6, request_rate=4.0, kept_acceptance=math.nan)
     st = compression_status({}, 0.3, d, sample, NOW, dry_run=False)
-    assert st["ratio"] == 0.35 and st["reason"] == tuner.ABOVE_TARGET
+    assert st["ratio"] == 0.35 and st["reason"] == tt.ABOVE_TARGET
     assert st["lastChangeTime"] == "2026-01-01T12:00:00Z"
     assert st["history"] == [
         {
             "time": "2026-01-01T12:00:00Z",
             "from": 0.3,
             "to": 0.35,
-            "reason": tuner.ABOVE_TARGET,
+            "reason": tt.ABOVE_TARGET,
             "requestRate": 4.0,
             "p99LatencySeconds": 0.6,
         }
@@ -206,14 +208,14 @@ def test_compression_status_and_history_round_trip() -> None:
 
 
 def test_dry_run_changes_nothing_but_says_what_it_would_do() -> None:
-    d = tuner.Decision(0.35, True, tuner.ABOVE_TARGET, "p99 high", True)
-    st = compression_status({"ratio": 0.3}, 0.3, d, tuner.Sample(NOW), NOW, dry_run=True)
+    d = tt.Decision(0.35, True, tt.ABOVE_TARGET, "p99 high", True)
+    st = compression_status({"ratio": 0.3}, 0.3, d, tt.Sample(NOW), NOW, dry_run=True)
     assert st["ratio"] == 0.3 and st["history"] == []
     assert st["lastDecision"]["proposedRatio"] == 0.35 and st["lastDecision"]["dryRun"]
 
 
 def test_history_is_bounded() -> None:
-    d = tuner.Decision(0.35, True, tuner.ABOVE_TARGET, "", True)
+    d = tt.Decision(0.35, True, tt.ABOVE_TARGET, "", True)
     old = {"history": [{"time": "2026-01-01T00:00:00Z", "from": 0.3, "to": 0.3}] * 20}
-    st = compression_status(old, 0.3, d, tuner.Sample(NOW), NOW, dry_run=False)
+    st = compression_status(old, 0.3, d, tt.Sample(NOW), NOW, dry_run=False)
     assert len(st["history"]) == 20 and st["history"][-1]["to"] == 0.35

@@ -1,6 +1,6 @@
 {{/*
 RBAC rules of the operator, shared by the ClusterRole and the Roles (rbac.yaml).
-Each rule is an API call the operator makes (operator/slimspec_operator/kube.py,
+Each rule is an API call the operator makes (operator/slimspec_operator/kube/client.py,
 the client of the reconciler and the tuner, and Kopf itself). Server-side apply (PATCH
 with application/apply-patch+yaml) needs "create" as well as "patch" for an
 object that does not exist yet. Objects the operator creates carry an owner
@@ -26,7 +26,7 @@ operator deletes only superseded Deployments itself.
 # One Deployment per model version (server-side apply, replica changes, delete
 # of the old version after a rollout); Kopf watches them for readiness. "get":
 # before writing any object the operator reads it, and refuses to touch one that
-# it does not own (ownership.py); the same "get" is in the rules below.
+# it does not own (kube/ownership.py); the same "get" is in the rules below.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

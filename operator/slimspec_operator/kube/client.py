@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from kubernetes import client, config
 
-from .conditions import parse_time
-from .contract import (
+from slimspec_operator.contract import (
     API_VERSION,
-    HASH_LABEL,
     INSTANCE_LABEL,
     KEDA_API_VERSION,
     KEDA_AUTH_KIND,
@@ -30,10 +27,7 @@ from .contract import (
     MANAGER,
     OPERATOR_FIELD_MANAGER,
     PLURAL,
-    VERSION_LABEL,
 )
-from .model_prep import ARTIFACT_ANNOTATION, KEY_ANNOTATION
-from .rollout import ObservedDeployment
 
 FIELD_MANAGER = OPERATOR_FIELD_MANAGER
 
@@ -212,32 +206,6 @@ class Kube:
 
     def owned_deployments(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         return self.owned("Deployment", namespace, name, uid)
-
-
-def observe_deployment(d: Mapping[str, Any]) -> ObservedDeployment:
-    meta, spec, status = d["metadata"], d.get("spec") or {}, d.get("status") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    created = meta.get("creationTimestamp")
-    return ObservedDeployment(
-        name=meta["name"],
-        template_hash=labels.get(HASH_LABEL, ""),
-        version=labels.get(VERSION_LABEL, ""),
-        replicas=int(spec.get("replicas", 1)),
-        ready_replicas=int(status.get("readyReplicas") or 0),
-        current_replicas=int(status.get("replicas") or 0),
-        created_at=parse_time(created) if created else datetime.now().astimezone(),
-        generation=int(meta.get("generation") or 0),
-        observed_generation=int(status.get("observedGeneration") or 0),
-        preparation_key=annotations.get(KEY_ANNOTATION, ""),
-        artifact=annotations.get(ARTIFACT_ANNOTATION, ""),
-    )
-
-
-def service_hash(service: Mapping[str, Any] | None) -> str | None:
-    if not service:
-        return None
-    return ((service.get("spec") or {}).get("selector") or {}).get(HASH_LABEL)
 
 
 _shared: Kube | None = None

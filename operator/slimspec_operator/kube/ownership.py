@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import KIND
+from slimspec_operator.contract import KIND
 
 RESOURCE_CONFLICT = "ResourceConflict"
 

@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
-from .contract import DEFAULT_QUALITY_THRESHOLD, MAX_RATIO, FallbackStrategy
-from .queries import DEFAULT_QUERIES
-from .spec_pod import (
+from slimspec_operator.contract import DEFAULT_QUALITY_THRESHOLD, MAX_RATIO, FallbackStrategy
+from slimspec_operator.resource.queries import DEFAULT_QUERIES
+from slimspec_operator.resource.spec_pod import (
     DNS_SUBDOMAIN,
     SECRET_KEY,
     CalibrationSpec,
@@ -135,6 +135,12 @@ class RolloutSpec(_Model):
     ready_timeout_seconds: int = Field(600, ge=1, le=86400)
 
 
+# Keys of spec.prometheus.auth's Secret: `token` (bearer), `username`/`password` (basic).
+TOKEN_KEY = "token"
+USERNAME_KEY = "username"
+PASSWORD_KEY = "password"
+
+
 class PrometheusAuth(_Model):
     type: Literal["bearer", "basic"]
     secret_name: RequiredDnsName
@@ -153,7 +159,7 @@ class PrometheusSpec(_Model):
 
 
 class QueriesSpec(_Model):
-    """PromQL templates; unset = built-in (queries.DEFAULT_QUERIES)."""
+    """PromQL templates; unset = built-in (resource/queries.py)."""
 
     p99_latency: Query = DEFAULT_QUERIES["p99Latency"]
     request_rate: Query = DEFAULT_QUERIES["requestRate"]

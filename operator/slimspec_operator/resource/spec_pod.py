@@ -20,7 +20,7 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 
 # Pod labels the operator selects its pods by, and engine variables it sets: the
-# CRD refuses them in pod.labels / engine.env (manifests.py sets exactly these).
+# CRD refuses them in pod.labels / engine.env (rollout/manifests.py sets exactly these).
 RESERVED_LABELS = (
     "app.kubernetes.io/name",
     "app.kubernetes.io/instance",

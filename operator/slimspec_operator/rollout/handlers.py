@@ -25,11 +25,19 @@ from typing import Any, cast
 
 import kopf
 
-from .contract import FINALIZER, GROUP, KIND, MANAGED_BY_LABEL, MANAGER, PLURAL, VERSION
-from .kube import ApiError, shared
-from .metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
-from .reconcile import reconcile
-from .spec import SlimSpecService, ratio_in_force
+from slimspec_operator.contract import (
+    FINALIZER,
+    GROUP,
+    KIND,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    PLURAL,
+    VERSION,
+)
+from slimspec_operator.kube.client import ApiError, shared
+from slimspec_operator.metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
+from slimspec_operator.resource.spec import SlimSpecService, ratio_in_force
+from slimspec_operator.rollout.reconcile import reconcile
 
 RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
 CONFLICT_RETRIES = 3  # immediate re-reads when a status write loses a race

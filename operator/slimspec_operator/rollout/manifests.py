@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from .contract import (
+from slimspec_operator.contract import (
     API_VERSION,
     ENGINE_NAME,
     FALLBACK_KEY,
@@ -27,9 +27,10 @@ from .contract import (
     configmap_name,
     format_ratio,
 )
-from .model_prep import ARTIFACT_ANNOTATION, KEY_ANNOTATION, preparation
-from .model_volumes import model_volumes
-from .pod_settings import (
+from slimspec_operator.resource.spec import SlimSpecService, ratio_in_force
+from slimspec_operator.rollout.model_prep import ARTIFACT_ANNOTATION, KEY_ANNOTATION, preparation
+from slimspec_operator.rollout.model_volumes import model_volumes
+from slimspec_operator.rollout.pod_settings import (
     container_security,
     engine_resources,
     extra_args,
@@ -40,7 +41,6 @@ from .pod_settings import (
     pod_security,
     scratch_volumes,
 )
-from .spec import SlimSpecService, ratio_in_force
 
 Manifest = dict[str, Any]
 

@@ -25,15 +25,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .contract import GROUP, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, NAME_LABEL
-from .pod_settings import (
+from slimspec_operator.contract import GROUP, INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, NAME_LABEL
+from slimspec_operator.resource.spec import ModelSource, SecretKeyRef, SlimSpecService
+from slimspec_operator.rollout.pod_settings import (
     container_security,
     engine_resources,
     placement,
     pod_metadata,
     pod_security,
 )
-from .spec import ModelSource, SecretKeyRef, SlimSpecService
 
 Manifest = dict[str, Any]
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model_prep import (
+from slimspec_operator.resource.spec import SlimSpecService
+from slimspec_operator.rollout.model_prep import (
     CACHE_MOUNT,
     CACHE_VOLUME,
     MODELS_DIR,
@@ -21,7 +22,6 @@ from .model_prep import (
     pvc_volume_names,
     source_path,
 )
-from .spec import SlimSpecService
 
 Manifest = dict[str, Any]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import SlimSpecService
+from slimspec_operator.resource.spec import SlimSpecService
 
 Manifest = dict[str, Any]
 

@@ -6,7 +6,7 @@ input is read from the cluster and every write is an idempotent apply.
 Two ways a round ends without writing anything but status (Degraded says why,
 an Event says it once):
 - an object the round would write exists and belongs to someone else
-  (ownership.py): reason ResourceConflict;
+  (kube/ownership.py): reason ResourceConflict;
 - the API server refuses an object built from the spec (400/422, e.g. an
   affinity it cannot parse): reason InvalidSpec with the server's message. The
   next timer round tries again, so fixing the spec (or the operator) heals it.
@@ -21,12 +21,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import manifests as m
-from .conditions import format_time, get_condition
-from .contract import API_VERSION, KIND, configmap_name
-from .kube import ApiError, Kube, observe_deployment, service_hash
-from .metrics import ACTIONS_TOTAL, ROLLOUT_IN_PROGRESS, ROLLOUTS_TOTAL
-from .model_prep import (
+from slimspec_operator.contract import API_VERSION, KIND, configmap_name
+from slimspec_operator.kube.client import ApiError, Kube
+from slimspec_operator.kube.conditions import format_time, get_condition
+from slimspec_operator.kube.ownership import (
+    RESOURCE_CONFLICT,
+    conflict_message,
+    conflicts,
+    owned_by,
+)
+from slimspec_operator.metrics import ACTIONS_TOTAL, ROLLOUT_IN_PROGRESS, ROLLOUTS_TOTAL
+from slimspec_operator.resource.spec import SlimSpecService, ratio_in_force
+from slimspec_operator.rollout import manifests as m
+from slimspec_operator.rollout.model_prep import (
     KEY_ANNOTATION,
     PREP_NAME,
     Preparation,
@@ -36,8 +43,8 @@ from .model_prep import (
     prep_job,
     preparation,
 )
-from .ownership import RESOURCE_CONFLICT, conflict_message, conflicts, owned_by
-from .rollout import (
+from slimspec_operator.rollout.observe import Found, observe
+from slimspec_operator.rollout.plan import (
     ApplyDeployment,
     DeleteDeployment,
     Desired,
@@ -47,11 +54,15 @@ from .rollout import (
     SwitchService,
     plan_rollout,
 )
-from .spec import SlimSpecService, ratio_in_force
-from .status import INVALID_SPEC, PrepStatus, build_status, compression_patch, refused
+from slimspec_operator.rollout.status import (
+    INVALID_SPEC,
+    PrepStatus,
+    build_status,
+    compression_patch,
+    refused,
+)
 
 EventSink = Callable[[str, str, str], None]  # (type, reason, message)
-Found = list[tuple[str, str, dict[str, Any] | None]]  # (kind, name, object or None)
 
 _EVENT_METRIC = {
     "RolloutStarted": "started",
@@ -89,20 +100,6 @@ def writable_names(svc: SlimSpecService, prep: Preparation | None) -> list[tuple
         if not svc.spec.model_cache.claim_name:
             names.append(("PersistentVolumeClaim", cache_claim_name(svc)))
     return names
-
-
-def observe(kube: Kube, svc: SlimSpecService, now: datetime, found: Found) -> Observed:
-    deps = kube.owned_deployments(svc.namespace, svc.name, svc.metadata.uid)
-    service = next((o for k, _, o in found if k == "Service"), None)
-    if service is not None and not owned_by(service, svc.metadata.uid):
-        service = None  # someone else's: its selector says nothing about our versions
-    return Observed(
-        deployments=tuple(observe_deployment(d) for d in deps),
-        service_hash=service_hash(service),
-        failed_hash=svc.status.get("failedTemplateHash"),
-        failed_version=svc.status.get("failedVersion"),
-        now=now,
-    )
 
 
 def desired_of(svc: SlimSpecService, prep: PrepStatus | None = None) -> Desired:

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .conditions import set_condition
-from .manifests import selector_string, status_url
-from .model_prep import Preparation, State, job_name
-from .rollout import Observed, Plan
-from .spec import SlimSpecService
+from slimspec_operator.kube.conditions import set_condition
+from slimspec_operator.resource.spec import SlimSpecService
+from slimspec_operator.rollout.manifests import selector_string, status_url
+from slimspec_operator.rollout.model_prep import Preparation, State, job_name
+from slimspec_operator.rollout.plan import Observed, Plan
 
 OWNED_CONDITIONS = ("Ready", "Progressing", "Degraded")
 INVALID_SPEC = "InvalidSpec"

@@ -1,4 +1,4 @@
-"""Replica count from load: a pure function, plus the KEDA ScaledObject builder.
+"""Replica count from load: a pure function (KEDA's ScaledObject: keda.py).
 
 `decide(...)` follows the HPA's shape: a raw recommendation
 ceil(requestRate / targetRequestsPerReplica) (and, when set, the queue-depth
@@ -10,7 +10,7 @@ on a fresh, empty memory).
 Interaction with ratio tuning: scale-down waits `settle_after_ratio` seconds
 after a ratio change (the latency drop may be the ratio's doing); scale-up is
 never delayed (overload is worse than a fight). The tuner, in turn, holds the
-ratio for a while after any replica change (tuner.TunerSettings.settle_after_scale).
+ratio for a while after any replica change (types.TunerSettings.settle_after_scale).
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from .contract import API_VERSION, KEDA_API_VERSION, KEDA_KIND, KIND
-from .manifests import common_labels, owner_reference
-from .tuner import Sample, clean
+from slimspec_operator.tuning.types import Sample, clean
 
 SCALED_UP = "LoadAboveTarget"
 SCALED_DOWN = "LoadBelowTarget"
@@ -125,57 +122,3 @@ def decide(
             return ScaleDecision(replicas, False, HOLD_SETTLING, msg, True, kept)
     msg = f"highest recommendation over {s.stabilization_window:g}s is {stable}"
     return ScaleDecision(stable, True, SCALED_DOWN, msg, True, kept)
-
-
-def scaled_object(
-    *,
-    name: str,
-    namespace: str,
-    owner_uid: str,
-    prometheus_url: str,
-    request_rate_query: str,
-    settings: AutoscalerSettings,
-    polling_interval: int = 30,
-) -> dict[str, Any]:
-    """KEDA ScaledObject that scales the SlimSpecService through its scale subresource."""
-    s = settings
-    return {
-        "apiVersion": KEDA_API_VERSION,
-        "kind": KEDA_KIND,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": common_labels(name),
-            "ownerReferences": [owner_reference(name, owner_uid)],
-        },
-        "spec": {
-            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": name},
-            "pollingInterval": polling_interval,
-            "minReplicaCount": s.min_replicas,
-            "maxReplicaCount": s.max_replicas,
-            "advanced": {
-                "horizontalPodAutoscalerConfig": {
-                    "behavior": {
-                        "scaleDown": {
-                            "stabilizationWindowSeconds": int(s.stabilization_window),
-                        }
-                    }
-                }
-            },
-            "triggers": [
-                {
-                    "type": "prometheus",
-                    "name": "request-rate",
-                    # AverageValue: KEDA divides the query by the replica count,
-                    # the same rule as the operator-mode autoscaler.
-                    "metricType": "AverageValue",
-                    "metadata": {
-                        "serverAddress": prometheus_url,
-                        "query": request_rate_query,
-                        "threshold": f"{s.target_requests_per_replica:g}",
-                        "ignoreNullValues": "false",
-                    },
-                }
-            ],
-        },
-    }

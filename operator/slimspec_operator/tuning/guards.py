@@ -14,15 +14,14 @@ slower. In this order:
 3. kept acceptance < threshold: lower fast, ignoring cooldown (quality guard);
 4. too little traffic, or settling after a replica change: hold;
 5. a change awaiting its verdict is judged once the cooldown has passed, and
-   kept or reverted on the p99 measured since (ratio_effect.py);
+   kept or reverted on the p99 measured since (trials.py);
 6. cooldown: hold;
 7. the move itself (ratio_choice.py): toward the ratio the engines predict
    fastest, or, without predictions, one step tried and measured; down to the
    lowest allowed ratio where the engines say compression cannot help; headroom
    bought back on the safe side when p99 is well under target.
 
-This module holds the guards; the types and reasons live in tuner_types.py and
-are importable from here.
+This module holds the guards; the types and reasons live in tuning/types.py.
 """
 
 from __future__ import annotations
@@ -31,36 +30,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from . import ratio_effect as fx
-from .ratio_choice import choose, judge_trial
-from .ratio_effect import EffectMemory
-from .tuner_types import (
-    ABOVE_TARGET,
-    BELOW_TARGET,
+from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning.ratio_choice import choose, judge_trial
+from slimspec_operator.tuning.trials import EffectMemory
+from slimspec_operator.tuning.types import (
     BOUNDS,
-    CANNOT_HELP,
-    CONFIRMED,
-    HOLD_AT_MAX,
     HOLD_AT_MIN,
-    HOLD_BACKING_OFF,
-    HOLD_BAND,
-    HOLD_CONFIRMING,
     HOLD_COOLDOWN,
-    HOLD_LOAD_NOT_LOWER,
     HOLD_LOW_TRAFFIC,
-    HOLD_MEASURING,
-    HOLD_NO_PREDICTED_GAIN,
-    HOLD_QUALITY_UNKNOWN,
     HOLD_SETTLING,
-    HOLD_WOULD_BREACH,
     NO_METRICS,
-    NO_SLOWER,
     QUALITY_GUARD,
-    REVERT_REASONS,
-    REVERTED_BREACH,
-    REVERTED_NO_GAIN,
-    REVERTED_UNCONFIRMED,
-    REVERTED_WORSE,
     Change,
     Decision,
     Sample,
@@ -72,43 +52,6 @@ from .tuner_types import (
     move,
     unavailable,
 )
-
-__all__ = [
-    "ABOVE_TARGET",
-    "BELOW_TARGET",
-    "BOUNDS",
-    "CANNOT_HELP",
-    "CONFIRMED",
-    "HOLD_AT_MAX",
-    "HOLD_AT_MIN",
-    "HOLD_BACKING_OFF",
-    "HOLD_BAND",
-    "HOLD_CONFIRMING",
-    "HOLD_COOLDOWN",
-    "HOLD_LOAD_NOT_LOWER",
-    "HOLD_LOW_TRAFFIC",
-    "HOLD_MEASURING",
-    "HOLD_NO_PREDICTED_GAIN",
-    "HOLD_QUALITY_UNKNOWN",
-    "HOLD_SETTLING",
-    "HOLD_WOULD_BREACH",
-    "NO_METRICS",
-    "NO_SLOWER",
-    "QUALITY_GUARD",
-    "REVERTED_BREACH",
-    "REVERTED_NO_GAIN",
-    "REVERTED_UNCONFIRMED",
-    "REVERTED_WORSE",
-    "REVERT_REASONS",
-    "Change",
-    "Decision",
-    "EffectMemory",
-    "Sample",
-    "TunerSettings",
-    "clean",
-    "decide",
-    "metrics_problem",
-]
 
 
 def decide(

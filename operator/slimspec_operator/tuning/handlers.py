@@ -1,10 +1,10 @@
 """Kopf glue of the tuner and the autoscaler: a timer per SlimSpecService.
 
-Thin: each firing runs one tuning tick (tuning_tick.py) with the process's one
+Thin: each firing runs one tuning tick (tick.py) with the process's one
 API client and the resource's memory, which lives in Kopf's memo (lost on
 restart, by design). Kopf's memo is per resource and dropped when the resource
 is gone, so nothing needs a deletion handler (which would also make Kopf keep a
-copy of the spec in an annotation: see handlers.py). Nothing here decides
+copy of the spec in an annotation: see rollout/handlers.py). Nothing here decides
 anything.
 
 Environment: SLIMSPEC_TUNING_TICK_SECONDS (timer period, default 5; each
@@ -19,9 +19,9 @@ from typing import Any
 
 import kopf
 
-from .contract import GROUP, PLURAL, VERSION
-from .kube import ApiError, shared
-from .tuning_tick import Memory, tick
+from slimspec_operator.contract import GROUP, PLURAL, VERSION
+from slimspec_operator.kube.client import ApiError, shared
+from slimspec_operator.tuning.tick import Memory, tick
 
 TICK_SECONDS = float(os.environ.get("SLIMSPEC_TUNING_TICK_SECONDS", "5"))
 MEMO_KEY = "slimspec_tuning"

@@ -1,11 +1,11 @@
-"""One tuning tick of one resource as a pure plan (tuning's counterpart of rollout.py).
+"""One tuning tick of one resource as a pure plan (tuning's counterpart of rollout/plan.py).
 
 Input (`TickInput`): the resource's tuning blocks and status, this tick's metric
 sample, what the controller remembers between ticks, and the clock. Output
 (`TickPlan`): the status the tuner owns, the ratio to write to the runtime
 ConfigMap, the replica count to set, the Events to post, and what to remember
-for the next tick. The decisions themselves are tuner.decide (ratio) and
-autoscaler.decide (replicas); tuning_tick.py carries the plan out.
+for the next tick. The decisions themselves are guards.decide (ratio) and
+autoscaler.decide (replicas); tick.py carries the plan out.
 """
 
 from __future__ import annotations
@@ -15,16 +15,20 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from . import autoscaler, tuner
-from .conditions import format_time, get_condition, set_condition
-from .contract import format_ratio
-from .queries import rate_window, render_query
-from .ratio_predictions import effectiveness
-from .rollout import Event
-from .spec import TuningView
-from .tuner import Sample
-from .tuning_status import changes_from_status, compression_status, effect_from_status
-from .tuning_status import parse as _time
+from slimspec_operator.contract import format_ratio
+from slimspec_operator.kube.conditions import format_time, get_condition, set_condition
+from slimspec_operator.resource.spec import TuningView
+from slimspec_operator.rollout.plan import Event
+from slimspec_operator.tuning import autoscaler
+from slimspec_operator.tuning.guards import decide
+from slimspec_operator.tuning.predictions import effectiveness
+from slimspec_operator.tuning.status import (
+    changes_from_status,
+    compression_status,
+    effect_from_status,
+)
+from slimspec_operator.tuning.status import parse as _time
+from slimspec_operator.tuning.types import Decision, Sample, TunerSettings
 
 CONDITION = "MetricsAvailable"
 EFFECTIVE = "CompressionEffective"
@@ -79,7 +83,7 @@ class TickPlan:
     ratio: RatioWrite | None = None
     scale: ScaleTo | None = None
     events: tuple[Event, ...] = ()  # posted after the writes and their own events
-    decision: tuner.Decision | None = None  # what the tuner decided (logs, tests)
+    decision: Decision | None = None  # what the tuner decided (logs, tests)
     scale_decision: autoscaler.ScaleDecision | None = None
 
 
@@ -97,9 +101,9 @@ def due(view: TuningView, last_tick: datetime | None, now: datetime) -> bool:
 # ------------------------------------------------------------------ spec -> settings
 
 
-def tuner_settings(view: TuningView) -> tuner.TunerSettings:
+def tuner_settings(view: TuningView) -> TunerSettings:
     t, c = view.tuning, view.compression
-    return tuner.TunerSettings(
+    return TunerSettings(
         latency_target=t.latency_target_seconds,
         dead_band=t.dead_band,
         cooldown=t.cooldown_seconds,
@@ -122,20 +126,6 @@ def autoscaler_settings(view: TuningView) -> autoscaler.AutoscalerSettings:
         target_queue_depth=a.target_queue_depth,
         stabilization_window=a.stabilization_window_seconds,
         settle_after_ratio=view.tuning.cooldown_seconds if view.tuning.enabled else 0.0,
-    )
-
-
-def scaled_object_for(view: TuningView, namespace: str, name: str, uid: str) -> dict[str, Any]:
-    """The KEDA ScaledObject for autoscaling.mode=keda."""
-    window = rate_window(view.tuning.interval_seconds)
-    return autoscaler.scaled_object(
-        name=name,
-        namespace=namespace,
-        owner_uid=uid,
-        prometheus_url=view.prometheus.url,
-        request_rate_query=render_query(view.tuning.queries.request_rate, namespace, name, window),
-        settings=autoscaler_settings(view),
-        polling_interval=max(1, round(view.tuning.interval_seconds)),
     )
 
 
@@ -179,7 +169,7 @@ def plan_tick(inp: TickInput) -> TickPlan:
         old = compression.get("ratio")
         ratio = float(old) if old is not None else view.compression.ratio
         settings = tuner_settings(view)
-        decision = tuner.decide(
+        decision = decide(
             samples,
             ratio,
             settings,

@@ -4,7 +4,7 @@ The engines export, per ratio they can serve, the predicted speed-up over the
 target alone (from their own timings of draft and verify steps and the
 acceptance they measure), the kept acceptance measured at that ratio and the
 head's share of a draft step, plus whether compression can help at all. The
-operator aggregates them over the service's pods (queries.py) into one
+operator aggregates them over the service's pods (prometheus/queries.py) into one
 `Predictions`; this module answers the tuner's questions about them: the
 predicted speed-up at any ratio (linear between the exported ones), the fastest
 ratio within bounds, and whether compression is worth anything here.

@@ -1,10 +1,10 @@
 """Which way to move the ratio, and whether the last move stays (pure).
 
-Called by tuner.decide once the data is usable, the quality guard has had its
+Called by guards.decide once the data is usable, the quality guard has had its
 say and neither traffic nor a replica change holds the ratio. Two sources of
 direction, never an assumed one:
 
-- the engines' predictions (ratio_predictions.py): the ratio predicted fastest
+- the engines' predictions (predictions.py): the ratio predicted fastest
   within bounds, a lower ratio predicted no slower, and whether compression can
   help at all;
 - without them, the measured effect: one step tried (the direction last
@@ -12,7 +12,7 @@ direction, never an assumed one:
   samples after the cooldown say so.
 
 Every latency move is a trial that `judge_trial` keeps or reverts after the
-cooldown (ratio_effect.py).
+cooldown (trials.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from . import ratio_effect as fx
-from . import ratio_predictions as rp
-from .ratio_effect import DOWN, UP, Trial
-from .tuner_types import (
+from slimspec_operator.tuning import predictions as rp
+from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning.trials import DOWN, UP, Trial
+from slimspec_operator.tuning.types import (
     ABOVE_TARGET,
     BELOW_TARGET,
     CANNOT_HELP,

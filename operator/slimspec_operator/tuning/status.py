@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from . import ratio_effect as fx
-from . import ratio_predictions as rp
-from .conditions import format_time, parse_time
-from .ratio_effect import BackOff, EffectMemory, Trial, Verdict
-from .tuner_types import ABOVE_TARGET, Change, Decision, Sample, clean
+from slimspec_operator.kube.conditions import format_time, parse_time
+from slimspec_operator.tuning import predictions as rp
+from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning.trials import BackOff, EffectMemory, Trial, Verdict
+from slimspec_operator.tuning.types import ABOVE_TARGET, Change, Decision, Sample, clean
 
 HISTORY_LIMIT = 20  # status.compression.history entries kept
 _DIRECTIONS = {"up": fx.UP, "down": fx.DOWN}

@@ -1,6 +1,6 @@
-"""One tuning tick of one resource: read the metrics, plan (tuning_plan.py), carry it out.
+"""One tuning tick of one resource: read the metrics, plan (plan.py), carry it out.
 
-The I/O half of tuning, as reconcile.py is for rollouts. Writes, all idempotent,
+The I/O half of tuning, as rollout/reconcile.py is for rollouts. Writes, all idempotent,
 with the tuner's own field manager, in this order:
 
 1. the tuner's status (status.compression, status.autoscaling and the
@@ -33,8 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .conditions import format_time
-from .contract import (
+from slimspec_operator.contract import (
     API_VERSION,
     KEDA_API_VERSION,
     KEDA_AUTH_KIND,
@@ -45,22 +44,28 @@ from .contract import (
     TUNER_FIELD_MANAGER,
     configmap_name,
 )
-from .kube import ApiError, Kube
-from .ownership import RESOURCE_CONFLICT, owned_by
-from .prom_auth import run_queries, trigger_auth_name, trigger_authentication, with_trigger_auth
-from .queries import VECTOR_LABELS, queries_for, sample_from
-from .rollout import Event
-from .spec import TuningView
-from .tuner import Sample
-from .tuning_plan import (
+from slimspec_operator.kube.client import ApiError, Kube
+from slimspec_operator.kube.conditions import format_time
+from slimspec_operator.kube.ownership import RESOURCE_CONFLICT, owned_by
+from slimspec_operator.resource.spec import TuningView
+from slimspec_operator.rollout.plan import Event
+from slimspec_operator.tuning.keda import (
+    scaled_object_for,
+    trigger_auth_name,
+    trigger_authentication,
+    with_trigger_auth,
+)
+from slimspec_operator.tuning.plan import (
     TickInput,
     TickMemory,
     TickPlan,
     controlling,
     due,
     plan_tick,
-    scaled_object_for,
 )
+from slimspec_operator.tuning.prometheus.auth import run_queries
+from slimspec_operator.tuning.prometheus.queries import VECTOR_LABELS, queries_for, sample_from
+from slimspec_operator.tuning.types import Sample
 
 DRY_RUN = os.environ.get("SLIMSPEC_TUNING_DRY_RUN", "") in ("1", "true", "yes")
 CONFLICT_RETRIES = 3  # immediate re-reads when the status write loses a race
@@ -139,7 +144,7 @@ async def read_sample(
     view: TuningView, namespace: str, name: str, now: datetime, kube: Kube | None = None
 ) -> Sample:
     """The tick's queries (scalars and per-label vectors), with the resource's
-    Prometheus credentials (prom_auth.py)."""
+    Prometheus credentials (prometheus/auth.py)."""
     queries = queries_for(view, namespace, name, view.scaling)
     scalars = {k: q for k, q in queries.items() if k not in VECTOR_LABELS}
     vectors = {k: (q, VECTOR_LABELS[k]) for k, q in queries.items() if k in VECTOR_LABELS}
@@ -185,7 +190,7 @@ WRITTEN, MISSING, NOT_OWNED = "written", "missing", "not owned"
 
 def write_ratio(kube: Kube, namespace: str, name: str, text: str, uid: str) -> str:
     """Patch the runtime ConfigMap's ratio where this resource (uid) owns it, as the
-    reconciler does (ownership.py): WRITTEN, MISSING (not there yet) or NOT_OWNED (someone
+    reconciler does (kube/ownership.py): WRITTEN, MISSING (not there yet) or NOT_OWNED (someone
     else's object of that name: never adopted). The patch carries the resourceVersion
     read, so an object replaced in between is not written either (409)."""
     cm = configmap_name(name)
@@ -272,7 +277,7 @@ def reconcile_keda(kube: Kube, body: Mapping[str, Any], view: TuningView, mem: M
 def _may_write(
     kube: Kube, body: Mapping[str, Any], objs: list[dict[str, Any]], mem: Memory
 ) -> bool:
-    """Never adopt a KEDA object of that name made by someone else (ownership.py)."""
+    """Never adopt a KEDA object of that name made by someone else (kube/ownership.py)."""
     uid = body["metadata"].get("uid", "")
     for obj in objs:
         meta = obj["metadata"]

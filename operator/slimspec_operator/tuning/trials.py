@@ -8,8 +8,8 @@ before it are recorded, and once the cooldown has passed `judge` compares them
 with the samples taken since. A change that made latency worse is reverted and
 the same move is backed off (`BackOff`), for longer each time it fails again.
 
-Everything here is plain data and arithmetic; tuner.decide calls it and the
-status documents carry it between ticks (tuning_status.py).
+Everything here is plain data and arithmetic; guards.decide calls it and the
+status documents carry it between ticks (status.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The tuner's plain types: readings, settings, decisions and their reasons (pure).
 
-Shared by tuner.decide (the guards), ratio_choice.py (choosing and judging a
+Shared by guards.decide (the guards), ratio_choice.py (choosing and judging a
 move) and the glue that builds samples and status from them.
 """
 
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from . import ratio_effect as fx
-from .contract import DEFAULT_QUALITY_THRESHOLD
-from .ratio_effect import EffectMemory, Trial, Verdict
-from .ratio_predictions import Predictions
+from slimspec_operator.contract import DEFAULT_QUALITY_THRESHOLD
+from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning.predictions import Predictions
+from slimspec_operator.tuning.trials import EffectMemory, Trial, Verdict
 
 # Reasons (CamelCase, used in status, Events and the conditions).
 ABOVE_TARGET = "LatencyAboveTarget"  # a move (either way) to bring p99 down

@@ -1,4 +1,4 @@
-"""Prometheus credentials: from Secrets for the tuner, as a TriggerAuthentication for KEDA.
+"""Prometheus credentials from Secrets, and the tuner's queries run with them.
 
 `spec.prometheus.auth` names a Secret in the resource's namespace (keys `token` for
 bearer, `username`/`password` for basic) and `spec.prometheus.tls` one with a CA
@@ -6,7 +6,7 @@ bundle. The tuner reads them here on each tick (so a rotated Secret is used at
 once); the chart lets the operator `get` only the Secret names it lists
 (`rbac.prometheusSecrets`), since the resource's author chooses both the Secret and
 the URL it is sent to. KEDA gets the same credentials through a TriggerAuthentication
-`<name>-prometheus` that the operator creates (KEDA reads the Secret itself).
+`<name>-prometheus` that the operator creates (KEDA reads the Secret itself: keda.py).
 """
 
 from __future__ import annotations
@@ -16,22 +16,13 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from .contract import KEDA_API_VERSION, KEDA_AUTH_KIND
-from .kube import ApiError, Kube
-from .manifests import common_labels, owner_reference
-from .prom import NO_CREDENTIALS, PromAuth, PromClient, PromError
-from .queries import vector_values
-from .spec import PrometheusSpec
+from slimspec_operator.kube.client import ApiError, Kube
+from slimspec_operator.resource.spec import PASSWORD_KEY, TOKEN_KEY, USERNAME_KEY, PrometheusSpec
+from slimspec_operator.tuning.prometheus.client import PromAuth, PromClient
+from slimspec_operator.tuning.prometheus.errors import NO_CREDENTIALS, PromError
+from slimspec_operator.tuning.prometheus.queries import vector_values
 
 Manifest = dict[str, Any]
-
-TOKEN_KEY = "token"
-USERNAME_KEY = "username"
-PASSWORD_KEY = "password"
-
-
-def trigger_auth_name(name: str) -> str:
-    return f"{name}-prometheus"
 
 
 def _secret_data(kube: Kube, namespace: str, name: str) -> dict[str, str]:
@@ -113,47 +104,3 @@ async def run_queries(
             prom.query_many(queries), asyncio.gather(*(vector(*v) for v in vectors.values()))
         )
     return numbers, dict(zip(vectors, per_label, strict=True))
-
-
-# ------------------------------------------------------------------ KEDA
-
-
-def trigger_authentication(
-    spec: PrometheusSpec, namespace: str, name: str, uid: str
-) -> Manifest | None:
-    """KEDA's TriggerAuthentication with the credentials' Secret; None without auth.
-
-    KEDA's Prometheus scaler takes a CA only with client certificates (its `tls`
-    mode), so a private CA is left to KEDA's own trust store (docs/deploy.md)."""
-    if spec.auth is None:
-        return None
-    secret = spec.auth.secret_name
-    if spec.auth.type == "bearer":
-        refs = [{"parameter": "bearerToken", "name": secret, "key": TOKEN_KEY}]
-    else:
-        refs = [
-            {"parameter": "username", "name": secret, "key": USERNAME_KEY},
-            {"parameter": "password", "name": secret, "key": PASSWORD_KEY},
-        ]
-    return {
-        "apiVersion": KEDA_API_VERSION,
-        "kind": KEDA_AUTH_KIND,
-        "metadata": {
-            "name": trigger_auth_name(name),
-            "namespace": namespace,
-            "labels": common_labels(name),
-            "ownerReferences": [owner_reference(name, uid)],
-        },
-        "spec": {"secretTargetRef": refs},
-    }
-
-
-def with_trigger_auth(scaled_object: Manifest, spec: PrometheusSpec, name: str) -> Manifest:
-    """The ScaledObject's Prometheus triggers pointed at the TriggerAuthentication."""
-    if spec.auth is None:
-        return scaled_object
-    for trigger in scaled_object["spec"]["triggers"]:
-        if trigger.get("type") == "prometheus":
-            trigger["metadata"]["authModes"] = spec.auth.type
-            trigger["authenticationRef"] = {"name": trigger_auth_name(name)}
-    return scaled_object

@@ -10,7 +10,7 @@ server answers never reaches status beyond a short reason: an HTTP status code,
 or the error Prometheus' query API itself reports (cut short). A server that is
 not Prometheus cannot have its replies read through the resource's status.
 Credentials (bearer token or basic auth) and a private CA come in `PromAuth`
-(prom_auth.py reads them from Secrets).
+(auth.py reads them from Secrets).
 """
 
 from __future__ import annotations
@@ -26,32 +26,21 @@ from urllib.parse import urlsplit
 
 import httpx
 
-UNREACHABLE = "PrometheusUnreachable"
-TIMEOUT = "PrometheusTimeout"
-HTTP_ERROR = "PrometheusHTTPError"
-BAD_RESPONSE = "PrometheusBadResponse"
-QUERY_ERROR = "QueryError"
-NO_DATA = "NoData"
-NOT_A_NUMBER = "NotANumber"
-AMBIGUOUS = "AmbiguousResult"
-INVALID_URL = "InvalidPrometheusURL"
-AUTH_FAILED = "PrometheusAuthFailed"
-NO_CREDENTIALS = "PrometheusCredentialsUnavailable"
-
-# Errors that say nothing about the series, only about reaching Prometheus:
-# one of these makes a whole sample unusable.
-TRANSPORT_REASONS = frozenset(
-    {
-        UNREACHABLE,
-        TIMEOUT,
-        HTTP_ERROR,
-        BAD_RESPONSE,
-        QUERY_ERROR,
-        INVALID_URL,
-        AUTH_FAILED,
-        NO_CREDENTIALS,
-    }
+from slimspec_operator.tuning.prometheus.errors import (
+    AMBIGUOUS,
+    AUTH_FAILED,
+    BAD_RESPONSE,
+    HTTP_ERROR,
+    INVALID_URL,
+    NO_CREDENTIALS,
+    NO_DATA,
+    NOT_A_NUMBER,
+    QUERY_ERROR,
+    TIMEOUT,
+    UNREACHABLE,
+    PromError,
 )
+
 DETAIL_LIMIT = 160  # characters of a server's or library's words kept in a message
 
 
@@ -84,17 +73,6 @@ def check_url(url: str) -> None:
         raise PromError(INVALID_URL, "prometheus.url must be http:// or https:// with a host")
     if parts.username is not None or parts.password is not None:
         raise PromError(INVALID_URL, "prometheus.url must not carry credentials: use auth")
-
-
-class PromError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
-
-    @property
-    def transport(self) -> bool:
-        return self.reason in TRANSPORT_REASONS
 
 
 class PromClient:

@@ -1,10 +1,10 @@
 """A real Kubernetes control plane on loopback: etcd + kube-apiserver +
 kube-controller-manager, built by ``scripts/testbed/install.sh`` (no kubelet, no
 scheduler: pods are moved through their lifecycle by
-:class:`~slimspec_testbed.pods.PodDriver`).
+:class:`~slimspec_testbed.cluster.pods.PodDriver`).
 
 ``with running_cluster() as cluster:`` starts one in a fresh temp dir, yields its
-:class:`~slimspec_testbed.cluster.KubeCluster` and always stops it. Component logs are
+:class:`~slimspec_testbed.cluster.handle.KubeCluster` and always stops it. Component logs are
 ``<workdir>/{etcd,kube-apiserver,kube-controller-manager}.log``;
 ``SLIMSPEC_TESTBED_KEEP=1`` keeps the temp dir (certs, logs) afterwards.
 
@@ -30,11 +30,11 @@ from pathlib import Path
 
 from kubernetes import client
 
-from slimspec_testbed.cluster import SA_ISSUER, KubeCluster, https_ok
+from slimspec_testbed.cluster.handle import SA_ISSUER, KubeCluster, https_ok
+from slimspec_testbed.cluster.pki import make_pki, write_kubeconfig
+from slimspec_testbed.cluster.pods import Reaper
+from slimspec_testbed.cluster.processes import Component, poll, spawn
 from slimspec_testbed.errors import TestbedError, fail
-from slimspec_testbed.pki import make_pki, write_kubeconfig
-from slimspec_testbed.pods import Reaper
-from slimspec_testbed.processes import Component, poll, spawn
 from slimspec_testbed.tools import free_port, tool_path
 
 ADMIN_TOKEN = "slimspec-admin-token"  # throwaway loopback cluster

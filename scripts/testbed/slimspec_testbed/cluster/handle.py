@@ -16,7 +16,7 @@
 - ``.service_account_token(ns, sa, create=True)`` -> token (TokenRequest API);
   ``.service_account_kubeconfig(ns, sa, create=True)`` -> ``Path`` of a kubeconfig
   for that ServiceAccount (least-privilege RBAC tests).
-- ``.pod_driver()`` -> :class:`~slimspec_testbed.pods.PodDriver` (plays kubelet).
+- ``.pod_driver()`` -> :class:`~slimspec_testbed.cluster.pods.PodDriver` (plays kubelet).
 - ``.wait_for(fn, timeout=30, what="...")`` polls ``fn()`` until truthy and returns
   its value; ``.wait_deployment_available(ns, name, timeout=60)``.
 - ``.node_name``: the fake Node pods get bound to (``slimspec-fake-node``).
@@ -41,10 +41,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from slimspec_testbed.cluster.pki import write_kubeconfig
+from slimspec_testbed.cluster.pods import PodDriver, Reaper
+from slimspec_testbed.cluster.processes import Component, poll
 from slimspec_testbed.errors import fail
-from slimspec_testbed.pki import write_kubeconfig
-from slimspec_testbed.pods import PodDriver, Reaper
-from slimspec_testbed.processes import Component, poll
 from slimspec_testbed.tools import cache_dir, run_checked, tool_path
 
 T = TypeVar("T")

@@ -23,13 +23,20 @@ import itertools
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-if TYPE_CHECKING:
-    from slimspec_testbed.cluster import KubeCluster
+
+class Cluster(Protocol):
+    """What the driver needs of a cluster handle (handle.KubeCluster is one); a
+    protocol, so this module does not import the handle that imports it."""
+
+    node_name: str
+
+    def api_client(self, token: str | None = None) -> client.ApiClient: ...
+
 
 PodReady = bool | Callable[[client.V1Pod], bool]
 # A V1Pod as the API server returns it: metadata (name, namespace, uid) and spec are
@@ -43,7 +50,7 @@ class PodDriver:
     _ips = itertools.count(2)
     _ip_lock = threading.Lock()
 
-    def __init__(self, cluster: KubeCluster) -> None:
+    def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._handles: list[DriverHandle] = []
 
@@ -194,7 +201,7 @@ class Reaper:
     rollouts and namespace deletions would never finish.
     """
 
-    def __init__(self, cluster: KubeCluster, interval: float = 0.3) -> None:
+    def __init__(self, cluster: Cluster, interval: float = 0.3) -> None:
         self.cluster, self.interval = cluster, interval
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="pod-reaper", daemon=True)

@@ -11,12 +11,12 @@ addresses, probes by kubelet, Services through kube-proxy's iptables rules.
 
 ``with running_node_cluster() as node:`` yields a :class:`NodeCluster`:
 
-- ``.cluster``: a :class:`~slimspec_testbed.cluster.KubeCluster` (admin kubeconfig,
+- ``.cluster``: a :class:`~slimspec_testbed.cluster.handle.KubeCluster` (admin kubeconfig,
   ``kubectl``, ``apply``, ``api_client``, ``create_namespace`` ...). Its API server
   listens on 127.0.0.1 *of the node's namespace*: use it inside ``node.entered()``.
 - ``.entered()``: a context manager that puts the calling thread into the node's
   network namespace (pod IPs, Service ClusterIPs, the API server).
-- ``.images``: the :class:`~slimspec_testbed.images.ImageTags` the node holds.
+- ``.images``: the :class:`~slimspec_testbed.node.images.ImageTags` the node holds.
 - ``.node_name``, ``.node_ip``, ``.node_dir`` (logs: ``logs/*.log``), ``.logs()``.
 
 Nothing is routed off the machine: the namespace has only ``lo`` and the bridge.
@@ -40,12 +40,12 @@ from typing import Any
 
 from kubernetes import client
 
-from slimspec_testbed.cluster import SA_ISSUER, KubeCluster, https_ok
+from slimspec_testbed.cluster.handle import SA_ISSUER, KubeCluster, https_ok
+from slimspec_testbed.cluster.pki import make_pki, write_kubeconfig
+from slimspec_testbed.cluster.processes import Component, poll, spawn
 from slimspec_testbed.errors import TestbedError, fail
-from slimspec_testbed.images import ImageTags, image_tags
-from slimspec_testbed.netns import NetworkNamespace
-from slimspec_testbed.pki import make_pki, write_kubeconfig
-from slimspec_testbed.processes import Component, poll, spawn
+from slimspec_testbed.node.images import ImageTags, image_tags
+from slimspec_testbed.node.netns import NetworkNamespace
 from slimspec_testbed.tools import REPO_ROOT, cache_dir, pinned_versions, tool_path
 
 NODE_SCRIPT = REPO_ROOT / "scripts" / "testbed" / "node.sh"

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 from slimspec_operator.contract import API_VERSION, GROUP, PLURAL, VERSION
-from slimspec_operator.manifests import owner_reference
+from slimspec_operator.rollout.manifests import owner_reference
 
-from slimspec_testbed.images import ImageTags
+from slimspec_testbed.node.images import ImageTags
 from slimspec_testbed.tools import REPO_ROOT
 
 __all__ = [
@@ -95,5 +95,5 @@ def with_version(body: dict[str, Any], version: str) -> dict[str, Any]:
 def controlled_by(owner: dict[str, Any]) -> list[dict[str, Any]]:
     """ownerReferences naming `owner` (a SlimSpecService as the API server returned it) as
     controller, as the reconciler puts them on the objects it makes (what the operator
-    checks before it writes to one: slimspec_operator/ownership.py)."""
+    checks before it writes to one: slimspec_operator/kube/ownership.py)."""
     return [owner_reference(owner["metadata"]["name"], owner["metadata"]["uid"])]

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from slimspec_testbed.resources import GROUP, PLURAL, VERSION
+from slimspec_testbed.scenarios.resources import GROUP, PLURAL, VERSION
 from slimspec_testbed.tools import REPO_ROOT
 
 PYTHON = str(Path(sys.executable))
@@ -134,7 +134,7 @@ def tuner_process(namespace: str, env: dict[str, str], workdir: Path) -> Process
         argv += ["--liveness", "", "--metrics-port", "0"]
     else:
         argv = [PYTHON, "-m", "kopf", "run", "--standalone", "--namespace", namespace]
-        argv += ["-m", "slimspec_operator.tuning_handlers"]
+        argv += ["-m", "slimspec_operator.tuning.handlers"]
     return Process(argv, env, workdir / "tuner.log")
 
 

@@ -24,9 +24,9 @@ import httpx
 import yaml
 from kubernetes import client
 
-from slimspec_testbed.cluster import KubeCluster
-from slimspec_testbed.images import ImageTags
-from slimspec_testbed.resources import GROUP, PLURAL, VERSION
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.node.images import ImageTags
+from slimspec_testbed.scenarios.resources import GROUP, PLURAL, VERSION
 from slimspec_testbed.tools import REPO_ROOT, cache_dir
 
 EXAMPLES = REPO_ROOT / "examples"

@@ -1,0 +1,1 @@
+"""Kubernetes API: the operator's one client, ownership checks and status conditions."""

@@ -1,0 +1,1 @@
+"""The SlimSpecService resource as typed, defaulted pydantic models (pure)."""

@@ -1,0 +1,1 @@
+"""Prometheus: the query registry (pure), the HTTP client and its credentials."""
