@@ -110,9 +110,7 @@ def imports_of(source: str, module: str, is_package: bool, known: Iterable[str])
         elif isinstance(node, ast.ImportFrom):
             target = _resolve(module, is_package, node)
             out.add(target)
-            out.update(
-                f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known
-            )
+            out.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known)
     return out
 
 

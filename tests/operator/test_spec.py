@@ -4,6 +4,7 @@ rules the API server enforces (CEL) enforced again when a spec is parsed."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,10 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import ValidationError
+from slimspec_operator.resource.queries import DEFAULT_QUERIES, QUERIES, Into
 from slimspec_operator.resource.spec import SlimSpecService, SlimSpecServiceSpec, TuningView
+from slimspec_operator.tuning.predictions import Predictions
+from slimspec_operator.tuning.types import Sample
 
 from .test_cluster_validation import _DELETE, CASES, _set
 
@@ -119,3 +123,30 @@ def test_a_spec_the_api_server_rejects_does_not_parse(path: str, value: Any) -> 
     if value is not _DELETE and path.split(".")[1] in TUNING_BLOCKS:
         with pytest.raises(ValidationError):  # the tuner's view rejects it too
             TuningView.from_spec(body["spec"])
+
+
+# ------------------------------------------------------------------ the query registry
+
+QUERIES_CRD = SPEC["properties"]["tuning"]["properties"]["queries"]
+
+
+def test_the_crd_names_exactly_the_registrys_queries() -> None:
+    """The CRD's spec.tuning.queries properties are the registry's names, in its order;
+    the CRD holds no default of its own (unset = the registry's template)."""
+    assert list(QUERIES_CRD["properties"]) == [q.name for q in QUERIES]
+    assert QUERIES_CRD.get("default") == {}
+    assert all("default" not in s for s in QUERIES_CRD["properties"].values())
+
+
+def test_the_spec_model_is_the_registry() -> None:
+    parsed = TuningView.from_spec({}).tuning.queries
+    assert {q.name: parsed.template(q) for q in QUERIES} == DEFAULT_QUERIES
+    override = TuningView.from_spec({"tuning": {"queries": {"p99Latency": "up"}}})
+    assert override.tuning.queries.template(QUERIES[0]) == "up"
+
+
+def test_each_query_fills_a_field_of_its_reading() -> None:
+    readings = {Into.SAMPLE: Sample, Into.PREDICTIONS: Predictions}
+    names = {kind: {f.name for f in dataclasses.fields(cls)} for kind, cls in readings.items()}
+    assert [q.name for q in QUERIES if q.field not in names[q.into]] == []
+    assert len({(q.into, q.field) for q in QUERIES}) == len(QUERIES)

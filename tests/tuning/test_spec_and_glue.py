@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from pydantic import ValidationError
+from slimspec_operator.resource.queries import QUERIES
 from slimspec_operator.resource.spec import TuningView
 from slimspec_operator.tuning import guards
 from slimspec_operator.tuning import trials as fx
@@ -16,7 +17,6 @@ from slimspec_operator.tuning.plan import tuner_settings
 from slimspec_operator.tuning.prometheus import errors as perr
 from slimspec_operator.tuning.prometheus.errors import PromError
 from slimspec_operator.tuning.prometheus.queries import (
-    VECTOR_LABELS,
     queries_for,
     rate_window,
     render_query,
@@ -71,7 +71,7 @@ def test_camel_case_spec_and_partial_queries() -> None:
     assert q["predictedSpeedup"] == (
         'avg by (ratio) (slimspec_ratio_predicted_speedup{namespace="ns",service="svc"})'
     )
-    assert set(VECTOR_LABELS) <= set(q)
+    assert {r.name for r in QUERIES if r.vector_label} <= set(q)
     off = queries_for(TuningView.from_spec({}), "ns", "svc", scaling=True)
     assert "predictedSpeedup" not in off  # the autoscaler alone reads no predictions
 

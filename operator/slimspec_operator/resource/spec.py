@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    create_model,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from slimspec_operator.contract import DEFAULT_QUALITY_THRESHOLD, MAX_RATIO, FallbackStrategy
-from slimspec_operator.resource.queries import DEFAULT_QUERIES
+from slimspec_operator.resource.queries import QUERIES, QueryDef
 from slimspec_operator.resource.spec_pod import (
     DNS_SUBDOMAIN,
     SECRET_KEY,
@@ -158,23 +165,24 @@ class PrometheusSpec(_Model):
     tls: PrometheusTls | None = None
 
 
-class QueriesSpec(_Model):
-    """PromQL templates; unset = built-in (resource/queries.py)."""
+class QueryTemplates(_Model):
+    """spec.tuning.queries: one PromQL template per entry of the query registry
+    (resource/queries.py); unset = the built-in one. The fields are made from the
+    registry (`QueriesSpec`), so a query is named in one place."""
 
-    p99_latency: Query = DEFAULT_QUERIES["p99Latency"]
-    request_rate: Query = DEFAULT_QUERIES["requestRate"]
-    mean_accepted_length: Query = DEFAULT_QUERIES["meanAcceptedLength"]
-    fallback_rate: Query = DEFAULT_QUERIES["fallbackRate"]
-    kept_acceptance: Query = DEFAULT_QUERIES["keptAcceptance"]
-    queue_depth: Query = DEFAULT_QUERIES["queueDepth"]
-    predicted_speedup: Query = DEFAULT_QUERIES["predictedSpeedup"]
-    ratio_kept_acceptance: Query = DEFAULT_QUERIES["ratioKeptAcceptance"]
-    draft_head_share: Query = DEFAULT_QUERIES["draftHeadShare"]
-    best_ratio: Query = DEFAULT_QUERIES["bestRatio"]
-    compression_can_help: Query = DEFAULT_QUERIES["compressionCanHelp"]
-    compression_can_help_reason: Query = DEFAULT_QUERIES["compressionCanHelpReason"]
-    head_ranking_age: Query = DEFAULT_QUERIES["headRankingAge"]
-    head_ranking_coverage: Query = DEFAULT_QUERIES["headRankingCoverage"]
+    def template(self, query: QueryDef) -> str:
+        """The template in force (an empty override means the built-in one)."""
+        return str(getattr(self, query.attribute)) or query.template
+
+
+if TYPE_CHECKING:
+    QueriesSpec = QueryTemplates
+else:
+    QueriesSpec = create_model(
+        "QueriesSpec",
+        __base__=QueryTemplates,
+        **{q.attribute: (Query, q.template) for q in QUERIES},
+    )
 
 
 class TuningSpec(_Model):

@@ -15,6 +15,7 @@ from slimspec_operator.contract import (
     KEDA_KIND,
     KIND,
 )
+from slimspec_operator.resource.queries import REQUEST_RATE
 from slimspec_operator.resource.spec import (
     PASSWORD_KEY,
     TOKEN_KEY,
@@ -42,7 +43,9 @@ def scaled_object_for(view: TuningView, namespace: str, name: str, uid: str) -> 
         namespace=namespace,
         owner_uid=uid,
         prometheus_url=view.prometheus.url,
-        request_rate_query=render_query(view.tuning.queries.request_rate, namespace, name, window),
+        request_rate_query=render_query(
+            view.tuning.queries.template(REQUEST_RATE), namespace, name, window
+        ),
         settings=autoscaler_settings(view),
         polling_interval=max(1, round(view.tuning.interval_seconds)),
     )

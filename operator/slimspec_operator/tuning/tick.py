@@ -47,6 +47,7 @@ from slimspec_operator.contract import (
 from slimspec_operator.kube.client import ApiError, Kube
 from slimspec_operator.kube.conditions import format_time
 from slimspec_operator.kube.ownership import RESOURCE_CONFLICT, owned_by
+from slimspec_operator.resource.queries import BY_NAME
 from slimspec_operator.resource.spec import TuningView
 from slimspec_operator.rollout.plan import Event
 from slimspec_operator.tuning.keda import (
@@ -64,7 +65,7 @@ from slimspec_operator.tuning.plan import (
     plan_tick,
 )
 from slimspec_operator.tuning.prometheus.auth import run_queries
-from slimspec_operator.tuning.prometheus.queries import VECTOR_LABELS, queries_for, sample_from
+from slimspec_operator.tuning.prometheus.queries import queries_for, sample_from
 from slimspec_operator.tuning.types import Sample
 
 DRY_RUN = os.environ.get("SLIMSPEC_TUNING_DRY_RUN", "") in ("1", "true", "yes")
@@ -146,8 +147,9 @@ async def read_sample(
     """The tick's queries (scalars and per-label vectors), with the resource's
     Prometheus credentials (prometheus/auth.py)."""
     queries = queries_for(view, namespace, name, view.scaling)
-    scalars = {k: q for k, q in queries.items() if k not in VECTOR_LABELS}
-    vectors = {k: (q, VECTOR_LABELS[k]) for k, q in queries.items() if k in VECTOR_LABELS}
+    labels = {k: BY_NAME[k].vector_label for k in queries}
+    scalars = {k: q for k, q in queries.items() if labels[k] is None}
+    vectors = {k: (q, label) for k, q in queries.items() if (label := labels[k]) is not None}
     numbers, per_label = await run_queries(kube, namespace, view.prometheus, scalars, vectors)
     return sample_from(now, numbers, per_label)
 

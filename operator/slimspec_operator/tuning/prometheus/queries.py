@@ -1,10 +1,9 @@
-"""The PromQL the tuner and the autoscaler read (pure): the built-in templates,
-their rendering for one resource, and the query results as one tuner `Sample`.
+"""The queries one tick runs and their answers as one tuner `Sample` (pure).
 
-Most queries answer one number. The engines' per-ratio predictions answer one
-series per `ratio` label (aggregated over the service's pods), and why
-compression can or cannot help one series per `reason` label (pods per reason);
-`VECTOR_LABELS` names those, and `vector_values` reads their answers.
+Everything about a query comes from the registry (resource/queries.py): which
+ticks need it, what its answer fills, and whether it answers one number or one
+series per label value (the engines' per-ratio predictions per `ratio`, why
+compression can or cannot help per `reason`); `vector_values` reads the latter.
 """
 
 from __future__ import annotations
@@ -14,7 +13,21 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from slimspec_operator.resource.queries import DEFAULT_QUERIES
+from slimspec_operator.resource.queries import (
+    BEST_RATIO,
+    BY_NAME,
+    COMPRESSION_CAN_HELP,
+    COMPRESSION_CAN_HELP_REASON,
+    DRAFT_HEAD_SHARE,
+    HEAD_RANKING_AGE,
+    HEAD_RANKING_COVERAGE,
+    PREDICTED_SPEEDUP,
+    QUERIES,
+    RATIO_KEPT_ACCEPTANCE,
+    Into,
+    Need,
+    QueryDef,
+)
 from slimspec_operator.resource.spec import TuningView
 from slimspec_operator.tuning.predictions import ACCEPTANCE_LOSS, HEAD_SHARE_TOO_SMALL, Predictions
 from slimspec_operator.tuning.prometheus.errors import BAD_RESPONSE, NO_DATA, PromError
@@ -27,34 +40,6 @@ ENGINE_REASONS = {
     "acceptance_loss": ACCEPTANCE_LOSS,
 }
 ENGINE_NOT_A_REASON = frozenset({"helps", "not_measured", ""})
-
-# Queries answering one series per value of a label: query name -> label.
-VECTOR_LABELS = {
-    "predictedSpeedup": "ratio",
-    "ratioKeptAcceptance": "ratio",
-    "draftHeadShare": "ratio",
-    "compressionCanHelpReason": "reason",
-}
-PREDICTION_QUERIES = (
-    "predictedSpeedup",
-    "ratioKeptAcceptance",
-    "draftHeadShare",
-    "bestRatio",
-    "compressionCanHelp",
-    "compressionCanHelpReason",
-    "headRankingAge",
-    "headRankingCoverage",
-)
-
-# Query name -> Sample field.
-FIELDS = {
-    "p99Latency": "p99_latency",
-    "requestRate": "request_rate",
-    "keptAcceptance": "kept_acceptance",
-    "meanAcceptedLength": "mean_accepted_length",
-    "fallbackRate": "fallback_rate",
-    "queueDepth": "queue_depth",
-}
 
 
 def rate_window(interval_seconds: float) -> str:
@@ -72,31 +57,23 @@ def render_query(template: str, namespace: str, service: str, window: str = "2m"
     return template
 
 
-def queries_for(view: TuningView, namespace: str, name: str, scaling: bool) -> dict[str, str]:
-    """The rendered queries one tick runs (queue depth only for the autoscaler's rule)."""
-    q = view.tuning.queries
-    templates = {
-        "p99Latency": q.p99_latency,
-        "requestRate": q.request_rate,
-        "keptAcceptance": q.kept_acceptance,
-        "meanAcceptedLength": q.mean_accepted_length,
-        "fallbackRate": q.fallback_rate,
-    }
+def needed(view: TuningView, scaling: bool) -> tuple[QueryDef, ...]:
+    """The queries one tick runs (queue depth only for the autoscaler's rule)."""
+    needs = {Need.CONTROL}
     if scaling and view.autoscaling.target_queue_depth is not None:
-        templates["queueDepth"] = q.queue_depth or DEFAULT_QUERIES["queueDepth"]
+        needs.add(Need.QUEUE_SCALING)
     if view.tuning.enabled:
-        templates |= {
-            "predictedSpeedup": q.predicted_speedup,
-            "ratioKeptAcceptance": q.ratio_kept_acceptance,
-            "draftHeadShare": q.draft_head_share,
-            "bestRatio": q.best_ratio,
-            "compressionCanHelp": q.compression_can_help,
-            "compressionCanHelpReason": q.compression_can_help_reason,
-            "headRankingAge": q.head_ranking_age,
-            "headRankingCoverage": q.head_ranking_coverage,
-        }
+        needs.add(Need.TUNING)
+    return tuple(q for q in QUERIES if q.need in needs)
+
+
+def queries_for(view: TuningView, namespace: str, name: str, scaling: bool) -> dict[str, str]:
+    """The rendered queries one tick runs: name -> PromQL."""
     window = rate_window(view.tuning.interval_seconds)
-    return {k: render_query(v, namespace, name, window) for k, v in templates.items()}
+    return {
+        q.name: render_query(view.tuning.queries.template(q), namespace, name, window)
+        for q in needed(view, scaling)
+    }
 
 
 def vector_values(data: Mapping[str, Any], label: str, promql: str) -> dict[str, float]:
@@ -126,7 +103,8 @@ def sample_from(
     results: Mapping[str, float | PromError],
     vectors: Mapping[str, Mapping[str, float] | PromError] | None = None,
 ) -> Sample:
-    """A tuner Sample from query results; any transport error spoils the sample.
+    """A tuner Sample from query results (by query name); any transport error
+    spoils the sample.
 
     The prediction queries' answers (numbers in `results`, per-label values in
     `vectors`) become `Sample.predictions`; their absence is no error.
@@ -134,18 +112,19 @@ def sample_from(
     values: dict[str, float | None] = {}
     missing: dict[str, str] = {}
     error: tuple[str, str] | None = None
-    found: dict[str, Any] = {}
+    found: dict[QueryDef, Any] = {}
     for name, res in [*results.items(), *(vectors or {}).items()]:
+        query = BY_NAME[name]
         if isinstance(res, PromError):
             if res.transport and error is None:
                 error = (res.reason, res.message)
             missing[name] = res.reason
-            if name in FIELDS:
-                values[FIELDS[name]] = None
-        elif name in FIELDS:
-            values[FIELDS[name]] = res  # type: ignore[assignment]
+            if query.into is Into.SAMPLE:
+                values[query.field] = None
+        elif query.into is Into.SAMPLE:
+            values[query.field] = res  # type: ignore[assignment]
         else:
-            found[name] = res
+            found[query] = res
     predictions = predictions_from(found) if error is None else None
     return Sample(
         time=now,
@@ -156,35 +135,35 @@ def sample_from(
     )
 
 
-def predictions_from(found: Mapping[str, Any]) -> Predictions | None:
+def predictions_from(found: Mapping[QueryDef, Any]) -> Predictions | None:
     """The prediction queries' answers as Predictions; None when the engines export none."""
 
-    def by_ratio(name: str) -> dict[float, float]:
+    def by_ratio(query: QueryDef) -> dict[float, float]:
         out = {}
-        for label, value in (found.get(name) or {}).items():
+        for label, value in (found.get(query) or {}).items():
             try:
                 out[float(label)] = value
             except ValueError:
                 continue  # not a ratio: ignore the series
         return out
 
-    speedup = by_ratio("predictedSpeedup")
-    can_help = found.get("compressionCanHelp")
+    speedup = by_ratio(PREDICTED_SPEEDUP)
+    can_help = found.get(COMPRESSION_CAN_HELP)
     if not speedup and can_help is None:
         return None
     helps = None if can_help is None else can_help >= 0.5
     reason = None
     if helps is False:
-        pods = {k: v for k, v in (found.get("compressionCanHelpReason") or {}).items() if v > 0}
+        pods = {k: v for k, v in (found.get(COMPRESSION_CAN_HELP_REASON) or {}).items() if v > 0}
         why = [k for k in sorted(pods, key=lambda k: -pods[k]) if k not in ENGINE_NOT_A_REASON]
         reason = ENGINE_REASONS.get(why[0], why[0]) if why else None
     return Predictions(
         speedup=speedup,
-        kept=by_ratio("ratioKeptAcceptance"),
-        head_share=by_ratio("draftHeadShare"),
-        best=found.get("bestRatio"),
+        kept=by_ratio(RATIO_KEPT_ACCEPTANCE),
+        head_share=by_ratio(DRAFT_HEAD_SHARE),
+        best=found.get(BEST_RATIO),
         can_help=helps,
         reason=reason,
-        ranking_age=found.get("headRankingAge"),
-        ranking_coverage=found.get("headRankingCoverage"),
+        ranking_age=found.get(HEAD_RANKING_AGE),
+        ranking_coverage=found.get(HEAD_RANKING_COVERAGE),
     )
