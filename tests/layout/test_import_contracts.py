@@ -41,6 +41,7 @@ PURE = (
     "rollout.model_prep",
     "rollout.status",
     "tuning.types",
+    "tuning.reasons",
     "tuning.guards",
     "tuning.ratio_choice",
     "tuning.trials",

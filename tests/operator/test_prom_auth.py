@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from slimspec_operator.resource.spec import PrometheusSpec
 from slimspec_operator.tuning.keda import trigger_authentication, with_trigger_auth
-from slimspec_operator.tuning.prometheus import errors as perr
 from slimspec_operator.tuning.prometheus.auth import credentials
 from slimspec_operator.tuning.prometheus.client import PromAuth, PromClient, check_url
-from slimspec_operator.tuning.prometheus.errors import PromError
+from slimspec_operator.tuning.prometheus.errors import PromError, PromReason
 
 BEARER = PrometheusSpec.model_validate(
     {"url": "https://p:9090", "auth": {"type": "bearer", "secretName": "prom-auth"}}
@@ -36,7 +35,7 @@ BASIC_TLS = PrometheusSpec.model_validate(
 def test_only_plain_http_urls_are_fetched(url: str) -> None:
     with pytest.raises(PromError) as info:
         check_url(url)
-    assert info.value.reason == perr.INVALID_URL and info.value.transport
+    assert info.value.reason == PromReason.INVALID_URL and info.value.transport
     assert "secret" not in info.value.message
     with pytest.raises(PromError):
         PromClient(url)
@@ -53,7 +52,7 @@ def test_credentials_from_secret_data() -> None:
     assert auth == PromAuth(basic=("u", "p"), ca_pem="PEM")
     with pytest.raises(PromError) as info:
         credentials(BEARER, {"username": "u"}, None)
-    assert info.value.reason == perr.NO_CREDENTIALS
+    assert info.value.reason == PromReason.NO_CREDENTIALS
     assert info.value.message == "Secret prom-auth has no key token"
     with pytest.raises(PromError, match=r"prom-ca has no key ca\.crt"):
         credentials(BASIC_TLS, {"username": "u", "password": "p"}, {})

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from slimspec_operator.contract import RATIO_KEY, format_ratio
-from slimspec_operator.tuning.predictions import ACCEPTANCE_LOSS, HEAD_SHARE_TOO_SMALL
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer, scrape_job
 from slimspec_testbed.tools import free_port
 
@@ -29,7 +29,10 @@ KEDA_CRD_FILE = REPO / "tests" / "fixtures" / "keda" / "scaledobjects.keda.sh.ya
 
 
 # The engine's reason labels (slimspec_compression_can_help_info).
-ENGINE_REASON = {HEAD_SHARE_TOO_SMALL: "head_share_small", ACCEPTANCE_LOSS: "acceptance_loss"}
+ENGINE_REASON = {
+    Reason.HEAD_SHARE_TOO_SMALL: "head_share_small",
+    Reason.ACCEPTANCE_LOSS: "acceptance_loss",
+}
 
 # Fine buckets: histogram_quantile interpolates inside a bucket, so coarse ones
 # would hide a ratio's effect on p99.

@@ -15,11 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from slimspec_operator.tuning.predictions import (
-    HEAD_SHARE_TOO_SMALL,
-    NO_PREDICTED_GAIN,
-    Predictions,
-)
+from slimspec_operator.tuning.predictions import Predictions
+from slimspec_operator.tuning.reasons import Reason
 
 Kind = Literal["helps", "hurts", "neutral"]
 GRID = tuple(round(0.05 * i, 2) for i in range(20))  # 0.0 ... 0.95, as engines export
@@ -59,7 +56,7 @@ class Plant:
         """What the engines export; `claims` makes them predict another kind (wrong)."""
         said = self if claims is None else Plant(claims)
         helps = said.can_help()
-        why = HEAD_SHARE_TOO_SMALL if said.kind == "hurts" else NO_PREDICTED_GAIN
+        why = Reason.HEAD_SHARE_TOO_SMALL if said.kind == "hurts" else Reason.NO_PREDICTED_GAIN
         return Predictions(
             speedup={r: said.speedup(r) for r in GRID},
             kept={r: self.kept(r) for r in GRID},

@@ -6,9 +6,9 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from slimspec_operator.tuning import autoscaler
 from slimspec_operator.tuning.autoscaler import AutoscalerSettings, Recommendation, decide
 from slimspec_operator.tuning.keda import scaled_object
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.types import Sample
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -31,7 +31,7 @@ def load(t: float, rate: float | None, depth: float | None = None) -> Sample:
 
 def test_scales_up_at_once_and_clamps_to_max() -> None:
     d = decide(load(0, 5.0), 1, S, at(0), observing_since=at(0))
-    assert d.changed and d.replicas == 3 and d.reason == autoscaler.SCALED_UP
+    assert d.changed and d.replicas == 3 and d.reason == Reason.SCALED_UP
     d = decide(load(0, 50.0), 1, S, at(0), observing_since=at(0))
     assert d.replicas == 4
 
@@ -60,7 +60,7 @@ def test_scale_down_waits_for_the_window_and_uses_its_highest_recommendation() -
 def test_fresh_memory_never_scales_down() -> None:
     # An operator restart: one low reading, no history. The window is not covered.
     d = decide(load(1000, 0.5), 3, S, at(1000), (), observing_since=at(1000))
-    assert not d.changed and d.reason == autoscaler.HOLD_STABILISING
+    assert not d.changed and d.reason == Reason.HOLD_STABILISING
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_holds_on_missing_data(sample: Sample | None) -> None:
 
 def test_bounds_changed_moves_into_them() -> None:
     d = decide(load(0, 0.0), 7, S, at(0))
-    assert d.changed and d.replicas == 4 and d.reason == autoscaler.BOUNDS
+    assert d.changed and d.replicas == 4 and d.reason == Reason.OUTSIDE_BOUNDS
     d = decide(None, 0, S, at(0))
     assert d.replicas == 1
 
@@ -95,7 +95,7 @@ def test_scale_down_waits_after_a_ratio_change_scale_up_does_not() -> None:
     d = decide(
         load(400, 0.5), 3, S, at(400), recs, last_ratio_change=at(350), observing_since=at(0)
     )
-    assert not d.changed and d.reason == autoscaler.HOLD_SETTLING
+    assert not d.changed and d.reason == Reason.SETTLING_AFTER_RATIO_CHANGE
     d = decide(
         load(400, 7.0), 3, S, at(400), recs, last_ratio_change=at(350), observing_since=at(0)
     )

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from slimspec_operator.tuning import types as tt
 from slimspec_operator.tuning.guards import decide
 from slimspec_operator.tuning.predictions import Predictions
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.trials import EffectMemory
 from slimspec_operator.tuning.types import Change, Sample, TunerSettings
 
@@ -23,10 +23,10 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 S = TunerSettings(latency_target=0.4, cooldown=120, max_step=0.05, min_ratio=0.1, max_ratio=0.5)
 QUIET, SURGE = 1.0, 1.6
 REVERTS = {
-    tt.REVERTED_WORSE,
-    tt.REVERTED_NO_GAIN,
-    tt.REVERTED_BREACH,
-    tt.REVERTED_UNCONFIRMED,
+    Reason.REVERTED_WORSE,
+    Reason.REVERTED_NO_GAIN,
+    Reason.REVERTED_BREACH,
+    Reason.REVERTED_UNCONFIRMED,
 }
 
 
@@ -91,7 +91,7 @@ def test_knob_hurts_predicted_never_raises_and_is_never_worse() -> None:
     fixed = simulate(plant, TRACE, tuning=False)
     assert run.raises() == 0
     assert run.ratios[-1] == S.min_ratio
-    assert set(run.reasons()) == {tt.CANNOT_HELP}
+    assert set(run.reasons()) == {Reason.CANNOT_HELP}
     assert all(a <= b + 1e-9 for a, b in zip(run.p99s, fixed.p99s, strict=True))
     assert sum(run.p99s) < sum(fixed.p99s)
 
@@ -106,10 +106,10 @@ def test_wrong_predictions_are_caught_and_undone() -> None:
     plant = Plant("hurts", slope=2.0)
     run = simulate(plant, TRACE, claims="helps")
     fixed = simulate(plant, TRACE, tuning=False)
-    assert tt.REVERTED_WORSE in run.reasons()
+    assert Reason.REVERTED_WORSE in run.reasons()
     # Each failed chain of raises is undone and backed off, longer each time:
     # a few tries, not a saw.
-    assert 1 <= run.reasons().count(tt.REVERTED_WORSE) <= 3
+    assert 1 <= run.reasons().count(Reason.REVERTED_WORSE) <= 3
     surge = slice(10, 50)
     assert sum(run.p99s[surge]) <= sum(fixed.p99s[surge]) * 1.05
 
@@ -120,7 +120,7 @@ def test_small_harmful_steps_do_not_add_up() -> None:
     plant = Plant("hurts", slope=0.8)
     run = simulate(plant, [SURGE] * 60, claims="helps")
     fixed = simulate(plant, [SURGE] * 60, tuning=False)
-    undo = next(c for c in run.changes if c.reason == tt.REVERTED_WORSE)
+    undo = next(c for c in run.changes if c.reason == Reason.REVERTED_WORSE)
     assert (undo.from_ratio, undo.to_ratio) == (0.5, 0.3)  # the whole chain, at once
     assert sum(run.p99s) <= sum(fixed.p99s) * (1.0 + S.dead_band / 2)
 
@@ -136,7 +136,7 @@ def test_measured_effect_without_predictions(kind: Kind) -> None:
     fixed = simulate(plant, load, s, predictions=False, tuning=False)
     if kind == "helps":
         # Down first (the safe side), found worse and undone; then up, confirmed.
-        assert run.reasons()[:2] == [tt.ABOVE_TARGET, tt.REVERTED_WORSE]
+        assert run.reasons()[:2] == [Reason.ABOVE_TARGET, Reason.REVERTED_WORSE]
         assert run.ratios[-1] > 0.3 and run.p99s[-1] < fixed.p99s[-1]
     elif kind == "hurts":
         assert run.raises() == 0 and run.ratios[-1] == s.min_ratio
@@ -145,7 +145,7 @@ def test_measured_effect_without_predictions(kind: Kind) -> None:
         # Down to the safe side (no cost); a raise from there is tried, shows
         # nothing and is undone, then backed off 20, 40, 80 minutes: not a saw.
         assert run.ratios[-1] == s.min_ratio
-        assert tt.REVERTED_NO_GAIN in run.reasons()
+        assert Reason.REVERTED_NO_GAIN in run.reasons()
         assert run.raises() <= 3
         assert max(run.p99s) <= max(fixed.p99s) * 1.05
 

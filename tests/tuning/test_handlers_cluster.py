@@ -16,10 +16,9 @@ from kubernetes import client
 from slimspec_operator.contract import GROUP, KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, PLURAL, VERSION
 from slimspec_operator.kube.client import Kube
 from slimspec_operator.resource.queries import DEFAULT_QUERIES
-from slimspec_operator.tuning import autoscaler
-from slimspec_operator.tuning import types as tt
-from slimspec_operator.tuning.prometheus import errors as perr
+from slimspec_operator.tuning.prometheus.errors import PromReason
 from slimspec_operator.tuning.prometheus.queries import rate_window, render_query
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.tick import Memory, tick
 from slimspec_testbed.scenarios.resources import controlled_by, service_manifest
 from slimspec_testbed.tools import free_port
@@ -152,15 +151,15 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     kube, mem = Kube(api), Memory(started=T0)
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st is not None
-    assert st["compression"]["lastDecision"]["reason"] == tt.HOLD_CONFIRMING
+    assert st["compression"]["lastDecision"]["reason"] == Reason.HOLD_CONFIRMING
     st = await tick(svc.get(), mem, kube, at(10), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.35)
 
     body = svc.get()
     comp = body["status"]["compression"]
-    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tt.ABOVE_TARGET
+    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == Reason.ABOVE_TARGET
     entry = comp["history"][-1]
-    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, tt.ABOVE_TARGET)
+    assert (entry["from"], entry["to"], entry["reason"]) == (0.3, 0.35, Reason.ABOVE_TARGET)
     assert comp["lastRaise"]["requestRate"] > 1  # the load the raise answered
     assert comp["trial"]["basis"] == "predicted" and comp["trial"]["p99BeforeSeconds"] > 0.6
     # The engines' predictions, averaged over pods by ratio, as the tuner read them.
@@ -176,13 +175,13 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     # The engine follows the ConfigMap; its p99 falls a little (0.656 -> 0.632 s).
     p99_now(server, namespace, lambda v: v < 0.645)
     st = await tick(svc.get(), mem, kube, at(20), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tt.HOLD_MEASURING
+    assert st["compression"]["lastDecision"]["reason"] == Reason.HOLD_MEASURING
 
     # Prometheus down: hold, and say why; the change stays under measurement.
     server.stop()
     st = await tick(svc.get(), mem, kube, at(60), force=True)
     cond = svc.condition()
-    assert (cond["status"], cond["reason"]) == ("False", perr.UNREACHABLE)
+    assert (cond["status"], cond["reason"]) == ("False", PromReason.UNREACHABLE)
     comp = svc.get()["status"]["compression"]
     assert comp["ratio"] == pytest.approx(0.35) and "trial" in comp
     assert svc.configmap_ratio() == "0.35"
@@ -196,9 +195,9 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     await tick(svc.get(), mem, kube, at(70), force=True)
     assert svc.condition()["status"] == "True"
     st = await tick(svc.get(), mem, kube, at(80), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tt.CONFIRMED
+    assert st["compression"]["lastDecision"]["reason"] == Reason.CONFIRMED
     assert st["compression"]["lastTrial"]["kept"] is True and "trial" not in st["compression"]
-    assert tt.CONFIRMED in svc.events()
+    assert Reason.CONFIRMED in svc.events()
     st = await tick(svc.get(), mem, kube, at(90), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.4)
     assert svc.configmap_ratio() == "0.4"
@@ -214,7 +213,7 @@ async def test_ratio_rises_holds_without_prometheus_and_resumes(
     assert st["compression"]["lastTrial"]["kept"] is True  # a predicted move stays
     st = await tick(svc.get(), mem, kube, at(220), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.3)
-    assert st["compression"]["reason"] == tt.BELOW_TARGET
+    assert st["compression"]["reason"] == Reason.BELOW_TARGET
 
 
 async def test_the_tuner_never_writes_a_runtime_configmap_it_does_not_own(
@@ -269,20 +268,20 @@ async def test_a_change_that_made_latency_worse_is_reverted_and_backed_off(
     st = await tick(svc.get(), mem, kube, at(55), force=True)
     comp = st["compression"]
     assert comp["ratio"] == pytest.approx(0.3), comp["lastDecision"]
-    assert comp["reason"] == tt.REVERTED_WORSE
+    assert comp["reason"] == Reason.REVERTED_WORSE
     assert svc.configmap_ratio() == "0.3"
     assert comp["lastTrial"]["outcome"] == "Worse" and comp["lastTrial"]["kept"] is False
     (backoff,) = comp["backoff"]
     assert (backoff["from"], backoff["direction"], backoff["count"]) == (0.3, "up", 1)
     assert backoff["until"] == "2026-01-01T12:05:55Z"  # 10 cooldowns after the revert
     events = client.CoreV1Api(api).list_namespaced_event(namespace).items
-    revert = next(e for e in events if e.reason == tt.REVERTED_WORSE)
+    revert = next(e for e in events if e.reason == Reason.REVERTED_WORSE)
     assert revert.type == "Warning" and "0.4 -> 0.3" in revert.message
     # The revert brings p99 back; still over target, but the raise is backed off.
     p99_now(server, namespace, lambda v: v < 0.6)
     await tick(svc.get(), mem, kube, at(90), force=True)
     st = await tick(svc.get(), mem, kube, at(100), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tt.HOLD_BACKING_OFF
+    assert st["compression"]["lastDecision"]["reason"] == Reason.HOLD_BACKING_OFF
     assert svc.configmap_ratio() == "0.3"
 
 
@@ -308,7 +307,7 @@ async def test_where_compression_cannot_help_the_ratio_goes_low_and_says_why(
 
     st = await tick(svc.get(), Memory(started=T0), Kube(api), at(0), force=True)
     comp = st["compression"]
-    assert comp["ratio"] == pytest.approx(0.2) and comp["reason"] == tt.CANNOT_HELP
+    assert comp["ratio"] == pytest.approx(0.2) and comp["reason"] == Reason.CANNOT_HELP
     assert svc.configmap_ratio() == "0.2"
     cond = svc.condition("CompressionEffective")
     assert (cond["status"], cond["reason"]) == ("False", "HeadShareTooSmall")
@@ -339,7 +338,7 @@ async def test_quality_guard_and_no_data(
     # p99 is over target, but kept acceptance is below threshold: down, at once.
     st = await tick(svc.get(), mem, kube, at(0), force=True)
     assert st["compression"]["ratio"] == pytest.approx(0.2)
-    assert st["compression"]["reason"] == tt.QUALITY_GUARD
+    assert st["compression"]["reason"] == Reason.QUALITY_GUARD
     assert svc.configmap_ratio() == "0.2"
 
     # A query that matches nothing: NoData, and the condition says so.
@@ -348,7 +347,7 @@ async def test_quality_guard_and_no_data(
     body["spec"]["tuning"]["queries"] = queries
     await tick(body, mem, kube, at(100), force=True)
     cond = svc.condition()
-    assert (cond["status"], cond["reason"]) == ("False", perr.NO_DATA)
+    assert (cond["status"], cond["reason"]) == ("False", PromReason.NO_DATA)
 
 
 async def test_operator_autoscaling_scales_through_the_scale_subresource(
@@ -370,7 +369,7 @@ async def test_operator_autoscaling_scales_through_the_scale_subresource(
 
     kube, mem = Kube(api), Memory(started=T0)
     st = await tick(svc.get(), mem, kube, at(0), force=True)
-    assert st["autoscaling"]["reason"] == autoscaler.SCALED_UP
+    assert st["autoscaling"]["reason"] == Reason.SCALED_UP
     scale = client.CustomObjectsApi(api).get_namespaced_custom_object_scale(
         GROUP, VERSION, namespace, PLURAL, SVC
     )
@@ -380,13 +379,13 @@ async def test_operator_autoscaling_scales_through_the_scale_subresource(
     # The replica change starts the ratio's settle window: p99 is over target,
     # but the ratio holds while the new capacity takes effect.
     st = await tick(svc.get(), mem, kube, at(10), force=True)
-    assert st["compression"]["lastDecision"]["reason"] == tt.HOLD_SETTLING
+    assert st["compression"]["lastDecision"]["reason"] == Reason.SETTLING_AFTER_SCALE
     assert st["compression"]["ratio"] == pytest.approx(0.3)
     # Load gone: no scale-down inside the stabilisation window.
     load_exporter.set(rate=0.5)
     server.wait_for_query(rate_q, lambda r: bool(r) and float(r[0]["value"][1]) < 1, timeout=30)
     st = await tick(svc.get(), mem, kube, at(60), force=True)
-    assert st["autoscaling"]["reason"] == autoscaler.HOLD_STABILISING
+    assert st["autoscaling"]["reason"] == Reason.HOLD_STABILISING
     assert svc.get()["spec"]["replicas"] == 3
 
 
@@ -493,7 +492,7 @@ async def test_tuner_works_with_exactly_the_charts_rbac(
         # Quality guard (ConfigMap patch, Event, status apply) and a scale-up
         # (scale subresource) in one tick, all as the chart's ServiceAccount.
         st = await tick(svc.get(), mem, kube, at(0), force=True)
-        assert st["compression"]["reason"] == tt.QUALITY_GUARD
+        assert st["compression"]["reason"] == Reason.QUALITY_GUARD
         assert svc.configmap_ratio() == "0.2"
         assert svc.get()["spec"]["replicas"] >= 2
         assert {"CompressionChanged", "Scaled"} <= set(svc.events())
@@ -534,6 +533,6 @@ async def test_a_tick_planned_from_a_stale_read_does_not_undo_a_status_edit(
     assert st is not None and st["compression"]["ratio"] == 0.45
     status = svc.get()["status"]
     assert status["compression"]["ratio"] == 0.45  # not put back to the stale 0.3
-    assert status["compression"]["lastDecision"]["reason"] == perr.UNREACHABLE
-    assert svc.condition()["reason"] == perr.UNREACHABLE
+    assert status["compression"]["lastDecision"]["reason"] == PromReason.UNREACHABLE
+    assert svc.condition()["reason"] == PromReason.UNREACHABLE
     assert svc.configmap_ratio() == "0.3"  # held: nothing else was written

@@ -14,9 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from slimspec_operator.resource.queries import DEFAULT_QUERIES
 from slimspec_operator.resource.spec import TuningView
-from slimspec_operator.tuning.prometheus import errors as perr
 from slimspec_operator.tuning.prometheus.client import PromClient
-from slimspec_operator.tuning.prometheus.errors import PromError
+from slimspec_operator.tuning.prometheus.errors import PromError, PromReason
 from slimspec_operator.tuning.prometheus.queries import render_query
 from slimspec_operator.tuning.tick import read_sample
 from slimspec_testbed.prometheus import PrometheusFactory, PrometheusServer
@@ -99,7 +98,7 @@ def test_default_queries_read_the_engine_metrics(
     # Another service's labels select nothing: NoData, not an exception.
     other = render_query(DEFAULT_QUERIES["requestRate"], "ns1", "other")
     err = run(_error(server.url, other))
-    assert err.reason == perr.NO_DATA and not err.transport
+    assert err.reason == PromReason.NO_DATA and not err.transport
 
 
 async def _error(url: str, promql: str, timeout: float = 5) -> PromError:
@@ -115,18 +114,20 @@ def test_error_kinds(prometheus_server: PrometheusFactory, exporter: Exporter) -
     server.wait_for_query("slimspec_acceptance_kept_ratio", bool, timeout=20)
 
     nan = run(_error(server.url, "min(slimspec_acceptance_kept_ratio)"))
-    assert nan.reason == perr.NOT_A_NUMBER
+    assert nan.reason == PromReason.NOT_A_NUMBER
     bad = run(_error(server.url, "sum(rate(x[5m]"))
-    assert bad.reason == perr.QUERY_ERROR and bad.transport
+    assert bad.reason == PromReason.QUERY_ERROR and bad.transport
     many = run(_error(server.url, "up or vector(1)"))
-    assert many.reason == perr.AMBIGUOUS
+    assert many.reason == PromReason.AMBIGUOUS
     # An exporter is an HTTP server, but not the query API.
     not_prom = run(_error(f"http://{exporter.target}", "up"))
-    assert not_prom.reason in (perr.BAD_RESPONSE, perr.HTTP_ERROR) and not_prom.transport
+    assert (
+        not_prom.reason in (PromReason.BAD_RESPONSE, PromReason.HTTP_ERROR) and not_prom.transport
+    )
 
     server.stop()
     down = run(_error(server.url, "up"))
-    assert down.reason == perr.UNREACHABLE and down.transport
+    assert down.reason == PromReason.UNREACHABLE and down.transport
     server.start()
     server.wait_for_query("up", bool)
 
@@ -158,7 +159,7 @@ def test_timeout_on_a_server_that_never_answers() -> None:
     thread.start()
     try:
         err = run(_error(f"http://127.0.0.1:{port}", "up", timeout=0.5))
-        assert err.reason == perr.TIMEOUT and err.transport
+        assert err.reason == PromReason.TIMEOUT and err.transport
     finally:
         stop.set()
         thread.join(2)

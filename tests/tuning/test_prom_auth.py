@@ -17,9 +17,8 @@ from kubernetes import config as kconfig
 from slimspec_operator.contract import GROUP, KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION, PLURAL, VERSION
 from slimspec_operator.kube.client import Kube
 from slimspec_operator.resource.queries import DEFAULT_QUERIES
-from slimspec_operator.tuning.prometheus import errors as perr
 from slimspec_operator.tuning.prometheus.client import PromAuth, PromClient
-from slimspec_operator.tuning.prometheus.errors import PromError
+from slimspec_operator.tuning.prometheus.errors import PromError, PromReason
 from slimspec_operator.tuning.prometheus.queries import rate_window, render_query
 from slimspec_operator.tuning.tick import Memory, tick
 from slimspec_testbed.cluster.pki import make_pki
@@ -70,28 +69,28 @@ def test_bearer_token_over_https_with_a_private_ca(prometheus: PrometheusServer,
         assert proxy.requests[-1] == f"Bearer {TOKEN}"
 
         wrong = asyncio.run(_value(proxy.url, PromAuth(bearer_token="nope", ca_pem=ca)))
-        assert isinstance(wrong, PromError) and wrong.reason == perr.AUTH_FAILED
+        assert isinstance(wrong, PromError) and wrong.reason == PromReason.AUTH_FAILED
         assert wrong.transport and wrong.message == "HTTP 401: check prometheus.auth"
 
         untrusted = asyncio.run(_value(proxy.url, PromAuth(bearer_token=TOKEN)))
-        assert isinstance(untrusted, PromError) and untrusted.reason == perr.UNREACHABLE
+        assert isinstance(untrusted, PromError) and untrusted.reason == PromReason.UNREACHABLE
         assert "CERTIFICATE_VERIFY_FAILED" in untrusted.message
         assert len(untrusted.message) <= 200 and TOKEN not in untrusted.message
 
         bad_ca = asyncio.run(_value(proxy.url, PromAuth(bearer_token=TOKEN, ca_pem="junk")))
-        assert isinstance(bad_ca, PromError) and bad_ca.reason == perr.NO_CREDENTIALS
+        assert isinstance(bad_ca, PromError) and bad_ca.reason == PromReason.NO_CREDENTIALS
 
 
 def test_basic_auth(prometheus: PrometheusServer) -> None:
     with AuthProxy(prometheus.url, basic=("tuner", "s3cret")) as proxy:
         assert asyncio.run(_value(proxy.url, PromAuth(basic=("tuner", "s3cret")))) == 1.0
         denied = asyncio.run(_value(proxy.url))
-        assert isinstance(denied, PromError) and denied.reason == perr.AUTH_FAILED
+        assert isinstance(denied, PromError) and denied.reason == PromReason.AUTH_FAILED
         # credentials in the URL are refused before anything is sent
         sent = len(proxy.requests)
         userinfo = proxy.url.replace("http://", "http://tuner:s3cret@")
         refused = asyncio.run(_value(userinfo))
-        assert isinstance(refused, PromError) and refused.reason == perr.INVALID_URL
+        assert isinstance(refused, PromError) and refused.reason == PromReason.INVALID_URL
         assert len(proxy.requests) == sent and "s3cret" not in refused.message
 
 
@@ -105,11 +104,11 @@ def test_what_a_server_answers_stays_out_of_the_message(prometheus: PrometheusSe
     json_leak = b'{"status": "error", "error": "hunter2"}'  # no errorType: not the query API
     with AuthProxy(prometheus.url, bearer=TOKEN, fail_with=(200, json_leak)) as proxy:
         err = asyncio.run(_value(proxy.url, PromAuth(bearer_token=TOKEN)))
-        assert isinstance(err, PromError) and err.reason == perr.BAD_RESPONSE
+        assert isinstance(err, PromError) and err.reason == PromReason.BAD_RESPONSE
         assert "hunter2" not in err.message
     with AuthProxy(prometheus.url, bearer=TOKEN) as proxy:  # Prometheus' own error: kept short
         bad = asyncio.run(_value(proxy.url, PromAuth(bearer_token=TOKEN), "sum(rate(x[5m]"))
-        assert isinstance(bad, PromError) and bad.reason == perr.QUERY_ERROR
+        assert isinstance(bad, PromError) and bad.reason == PromReason.QUERY_ERROR
         assert bad.message.startswith("bad_data:") and len(bad.message) <= 160
 
 
@@ -195,7 +194,7 @@ def test_tuner_reads_credentials_the_chart_lets_it_read_and_keda_gets_them(
             custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "svc", obj)
             asyncio.run(tick(fresh(), mem, kube, T0, force=True))
             cond = condition()
-            assert cond["status"] == "False" and cond["reason"] == perr.NO_CREDENTIALS
+            assert cond["status"] == "False" and cond["reason"] == PromReason.NO_CREDENTIALS
             assert "rbac.prometheusSecrets" in cond["message"]
 
             # KEDA: a TriggerAuthentication with the Secret, referenced by the trigger.

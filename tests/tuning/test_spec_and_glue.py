@@ -14,8 +14,7 @@ from slimspec_operator.tuning import guards
 from slimspec_operator.tuning import trials as fx
 from slimspec_operator.tuning import types as tt
 from slimspec_operator.tuning.plan import tuner_settings
-from slimspec_operator.tuning.prometheus import errors as perr
-from slimspec_operator.tuning.prometheus.errors import PromError
+from slimspec_operator.tuning.prometheus.errors import PromError, PromReason
 from slimspec_operator.tuning.prometheus.queries import (
     queries_for,
     rate_window,
@@ -23,13 +22,14 @@ from slimspec_operator.tuning.prometheus.queries import (
     sample_from,
     vector_values,
 )
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.status import (
     changes_from_status,
     compression_status,
     effect_from_status,
     effect_status,
 )
-from slimspec_operator.tuning.trials import BackOff, EffectMemory, Trial, Verdict
+from slimspec_operator.tuning.trials import BackOff, Basis, EffectMemory, Outcome, Trial, Verdict
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -94,16 +94,18 @@ def test_sample_from_results() -> None:
         {
             "p99Latency": 0.5,
             "requestRate": 3.0,
-            "keptAcceptance": PromError(perr.NO_DATA, "none"),
+            "keptAcceptance": PromError(PromReason.NO_DATA, "none"),
         },
     )
     assert s.error is None and s.p99_latency == 0.5 and s.kept_acceptance is None
-    assert s.missing == {"keptAcceptance": perr.NO_DATA}
+    assert s.missing == {"keptAcceptance": PromReason.NO_DATA}
     down = sample_from(
-        NOW, {"p99Latency": PromError(perr.UNREACHABLE, "refused"), "requestRate": 1.0}
+        NOW, {"p99Latency": PromError(PromReason.UNREACHABLE, "refused"), "requestRate": 1.0}
     )
-    assert down.error == (perr.UNREACHABLE, "refused")
-    assert guards.decide([down], 0.3, tt.TunerSettings(), NOW).metrics_reason == perr.UNREACHABLE
+    assert down.error == (PromReason.UNREACHABLE, "refused")
+    assert (
+        guards.decide([down], 0.3, tt.TunerSettings(), NOW).metrics_reason == PromReason.UNREACHABLE
+    )
 
 
 def test_vector_answers_and_predictions() -> None:
@@ -118,16 +120,16 @@ def test_vector_answers_and_predictions() -> None:
     assert vector_values(data, "ratio", "q") == {"0.0": 2.0, "0.3": 2.4}
     with pytest.raises(PromError) as info:
         vector_values({"resultType": "vector", "result": []}, "ratio", "q")
-    assert info.value.reason == perr.NO_DATA
+    assert info.value.reason == PromReason.NO_DATA
     with pytest.raises(PromError) as info:
         vector_values({"resultType": "scalar", "result": [1, "1"]}, "ratio", "q")
-    assert info.value.reason == perr.BAD_RESPONSE
+    assert info.value.reason == PromReason.BAD_RESPONSE
     s = sample_from(
         NOW,
         {"p99Latency": 0.5, "requestRate": 3.0, "bestRatio": 0.3, "compressionCanHelp": 1.0},
         {
             "predictedSpeedup": {"0.0": 2.0, "0.3": 2.4, "junk": 9.0},
-            "ratioKeptAcceptance": PromError(perr.NO_DATA, "not measured yet"),
+            "ratioKeptAcceptance": PromError(PromReason.NO_DATA, "not measured yet"),
             "compressionCanHelpReason": {"helps": 2.0},
         },
     )
@@ -151,7 +153,7 @@ def test_vector_answers_and_predictions() -> None:
     # Every pod still measuring: the can-help query has no series, nothing is known.
     unmeasured = sample_from(
         NOW,
-        {"requestRate": 3.0, "compressionCanHelp": PromError(perr.NO_DATA, "")},
+        {"requestRate": 3.0, "compressionCanHelp": PromError(PromReason.NO_DATA, "")},
         {"compressionCanHelpReason": {"not_measured": 2.0}},
     )
     assert unmeasured.predictions is None
@@ -160,23 +162,26 @@ def test_vector_answers_and_predictions() -> None:
 
 
 def test_effect_memory_round_trips_through_status() -> None:
-    trial = Trial(NOW, 0.3, 0.35, fx.PREDICTED, 0.5, 4.0)
+    trial = Trial(NOW, 0.3, 0.35, Basis.PREDICTED, 0.5, 4.0)
     chained = trial.next(NOW, 0.4, 0.52, 4.1)
-    verdict = Verdict(trial, NOW, fx.WORSE, False, 0.6, 4.0, "worse", 0.3)
+    verdict = Verdict(trial, NOW, Outcome.WORSE, False, 0.6, 4.0, "worse", 0.3)
     mem = EffectMemory(
         trial=chained,
         last=verdict,
-        backoffs=(BackOff(0.3, fx.UP, NOW, 2, fx.WORSE),),
+        backoffs=(BackOff(0.3, fx.UP, NOW, 2, Outcome.WORSE),),
         faster=fx.DOWN,
         faster_time=NOW,
     )
     doc = effect_status(mem)
     assert doc["trial"]["originRatio"] == 0.3 and doc["backoff"][0]["direction"] == "up"
-    assert doc["lastTrial"]["outcome"] == fx.WORSE and doc["measuredFaster"]["direction"] == "down"
+    assert (
+        doc["lastTrial"]["outcome"] == Outcome.WORSE
+        and doc["measuredFaster"]["direction"] == "down"
+    )
     back = effect_from_status(doc)
     assert back.trial == chained and back.backoffs == mem.backoffs
     assert back.faster == fx.DOWN and back.faster_time == NOW
-    assert back.last is not None and back.last.outcome == fx.WORSE and not back.last.keep
+    assert back.last is not None and back.last.outcome == Outcome.WORSE and not back.last.keep
     assert effect_from_status({"trial": {"time": "garbage"}, "backoff": [{"from": 1}]}) == (
         EffectMemory()
     )
@@ -184,17 +189,17 @@ def test_effect_memory_round_trips_through_status() -> None:
 
 def test_compression_status_and_history_round_trip() -> None:
     view = TuningView.from_spec({"tuning": {"enabled": True}})
-    d = tt.Decision(0.35, True, tt.ABOVE_TARGET, "p99 high", True)
+    d = tt.Decision(0.35, True, Reason.ABOVE_TARGET, "p99 high", True)
     sample = tt.Sample(NOW, p99_latency=0.6, request_rate=4.0, kept_acceptance=math.nan)
     st = compression_status({}, 0.3, d, sample, NOW, dry_run=False)
-    assert st["ratio"] == 0.35 and st["reason"] == tt.ABOVE_TARGET
+    assert st["ratio"] == 0.35 and st["reason"] == Reason.ABOVE_TARGET
     assert st["lastChangeTime"] == "2026-01-01T12:00:00Z"
     assert st["history"] == [
         {
             "time": "2026-01-01T12:00:00Z",
             "from": 0.3,
             "to": 0.35,
-            "reason": tt.ABOVE_TARGET,
+            "reason": Reason.ABOVE_TARGET,
             "requestRate": 4.0,
             "p99LatencySeconds": 0.6,
         }
@@ -208,14 +213,14 @@ def test_compression_status_and_history_round_trip() -> None:
 
 
 def test_dry_run_changes_nothing_but_says_what_it_would_do() -> None:
-    d = tt.Decision(0.35, True, tt.ABOVE_TARGET, "p99 high", True)
+    d = tt.Decision(0.35, True, Reason.ABOVE_TARGET, "p99 high", True)
     st = compression_status({"ratio": 0.3}, 0.3, d, tt.Sample(NOW), NOW, dry_run=True)
     assert st["ratio"] == 0.3 and st["history"] == []
     assert st["lastDecision"]["proposedRatio"] == 0.35 and st["lastDecision"]["dryRun"]
 
 
 def test_history_is_bounded() -> None:
-    d = tt.Decision(0.35, True, tt.ABOVE_TARGET, "", True)
+    d = tt.Decision(0.35, True, Reason.ABOVE_TARGET, "", True)
     old = {"history": [{"time": "2026-01-01T00:00:00Z", "from": 0.3, "to": 0.3}] * 20}
     st = compression_status(old, 0.3, d, tt.Sample(NOW), NOW, dry_run=False)
     assert len(st["history"]) == 20 and st["history"][-1]["to"] == 0.35

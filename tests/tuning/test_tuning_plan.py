@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 from slimspec_operator.resource.spec import TuningView
 from slimspec_operator.rollout.plan import Event
-from slimspec_operator.tuning import autoscaler
-from slimspec_operator.tuning import types as tt
 from slimspec_operator.tuning.plan import (
     SAMPLES_KEPT,
     TickInput,
@@ -23,7 +21,8 @@ from slimspec_operator.tuning.plan import (
     plan_tick,
 )
 from slimspec_operator.tuning.predictions import Predictions
-from slimspec_operator.tuning.prometheus import errors as perr
+from slimspec_operator.tuning.prometheus.errors import PromReason
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.types import Sample
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -91,11 +90,11 @@ def condition(plan: TickPlan, kind: str = "MetricsAvailable") -> dict[str, Any]:
 
 def test_two_samples_over_target_raise_by_one_step_and_announce_it() -> None:
     first = run(view(), [reading(0)])
-    assert reason(first) == tt.HOLD_CONFIRMING and first.ratio is None
+    assert reason(first) == Reason.HOLD_CONFIRMING and first.ratio is None
     plan = run(view(), [reading(0), reading(10)])
     assert plan.status is not None
     comp = plan.status["compression"]
-    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == tt.ABOVE_TARGET
+    assert comp["ratio"] == pytest.approx(0.35) and comp["reason"] == Reason.ABOVE_TARGET
     assert comp["lastChangeTime"] == "2026-01-01T12:00:10Z"
     assert comp["history"][-1]["from"] == 0.3 and comp["history"][-1]["to"] == 0.35
     assert plan.ratio is not None and plan.ratio.text == "0.35"  # the ConfigMap's text
@@ -105,13 +104,13 @@ def test_two_samples_over_target_raise_by_one_step_and_announce_it() -> None:
 
 
 def test_prometheus_down_holds_says_why_once_and_writes_nothing_else() -> None:
-    down = Sample(time=at(0), error=(perr.UNREACHABLE, "connection refused"))
+    down = Sample(time=at(0), error=(PromReason.UNREACHABLE, "connection refused"))
     plan = run(view(), [down], status={"compression": {"ratio": 0.4}})
     assert plan.status is not None
     assert plan.status["compression"]["ratio"] == 0.4
     assert plan.ratio is None and plan.scale is None
     cond = condition(plan)
-    assert (cond["status"], cond["reason"]) == ("False", perr.UNREACHABLE)
+    assert (cond["status"], cond["reason"]) == ("False", PromReason.UNREACHABLE)
     assert plan.events == (Event("Warning", "MetricsUnavailable", "connection refused"),)
     # Still down on the next tick: no new Event (the condition did not flip).
     again = plan_tick(
@@ -121,31 +120,31 @@ def test_prometheus_down_holds_says_why_once_and_writes_nothing_else() -> None:
 
 
 def test_no_series_is_no_data() -> None:
-    empty = Sample(time=at(0), missing={"requestRate": perr.NO_DATA})
+    empty = Sample(time=at(0), missing={"requestRate": PromReason.NO_DATA})
     plan = run(view(), [empty])
-    assert condition(plan)["reason"] == perr.NO_DATA
-    assert reason(plan) == perr.NO_DATA and plan.ratio is None
+    assert condition(plan)["reason"] == PromReason.NO_DATA
+    assert reason(plan) == PromReason.NO_DATA and plan.ratio is None
 
 
 def test_dead_band_holds() -> None:
     plan = run(view(), [reading(0, p99=0.38), reading(10, p99=0.37)])
-    assert reason(plan) == tt.HOLD_BAND and plan.ratio is None
+    assert reason(plan) == Reason.HOLD_BAND and plan.ratio is None
     assert condition(plan)["status"] == "True"
 
 
 def test_a_change_is_measured_through_the_cooldown_then_confirmed_and_the_next_follows() -> None:
     plan = run(view(), [reading(0), reading(10), reading(20), reading(30)])
-    assert reason(plan) == tt.HOLD_MEASURING and plan.ratio is None
+    assert reason(plan) == Reason.HOLD_MEASURING and plan.ratio is None
     assert plan.status is not None
     trial = plan.status["compression"]["trial"]
     assert (trial["from"], trial["to"], trial["basis"]) == (0.3, 0.35, "predicted")
     # Cooldown (60 s) passed and two samples since: p99 did not get worse, kept.
     judged = run(view(), [reading(t) for t in (0, 10, 20, 30, 70, 80)])
-    assert reason(judged) == tt.CONFIRMED and judged.ratio is None
+    assert reason(judged) == Reason.CONFIRMED and judged.ratio is None
     assert judged.status is not None
     comp = judged.status["compression"]
     assert "trial" not in comp and comp["lastTrial"]["kept"] is True
-    assert [e.reason for e in judged.events] == [tt.CONFIRMED]
+    assert [e.reason for e in judged.events] == [Reason.CONFIRMED]
     nxt = run(view(), [reading(t) for t in (0, 10, 20, 30, 70, 80, 90)])
     assert nxt.ratio is not None and nxt.ratio.text == "0.4"
 
@@ -155,17 +154,17 @@ def test_a_change_that_made_latency_worse_is_reverted_with_a_warning() -> None:
     plan = run(view(), samples)
     assert plan.ratio is not None and plan.ratio.text == "0.3"
     assert plan.ratio.event.type == "Warning"
-    assert plan.ratio.event.reason == tt.REVERTED_WORSE
+    assert plan.ratio.event.reason == Reason.REVERTED_WORSE
     assert plan.status is not None
     comp = plan.status["compression"]
-    assert comp["reason"] == tt.REVERTED_WORSE and comp["history"][-1]["to"] == 0.3
+    assert comp["reason"] == Reason.REVERTED_WORSE and comp["history"][-1]["to"] == 0.3
     assert comp["lastTrial"]["outcome"] == "Worse" and comp["lastTrial"]["kept"] is False
     (backoff,) = comp["backoff"]
     assert (backoff["from"], backoff["direction"]) == (0.3, "up")
     assert backoff["until"] == "2026-01-01T12:11:20Z"  # 10 cooldowns later
     # Later, still over target: the same raise is not tried again yet.
     again = run(view(), [*samples, reading(150), reading(160)])
-    assert reason(again) == tt.HOLD_BACKING_OFF and again.ratio is None
+    assert reason(again) == Reason.HOLD_BACKING_OFF and again.ratio is None
 
 
 def test_compression_effective_condition_follows_the_predictions() -> None:
@@ -180,12 +179,12 @@ def test_compression_effective_condition_follows_the_predictions() -> None:
     assert (cond["status"], cond["reason"]) == ("False", "HeadShareTooSmall")
     assert "CompressionIneffective" in [e.reason for e in cannot.events]
     assert cannot.ratio is not None and cannot.ratio.text == "0.2"  # toward the lowest
-    assert reason(cannot) == tt.CANNOT_HELP
+    assert reason(cannot) == Reason.CANNOT_HELP
     none = run(view(), [reading(0, pred=None)])
     assert condition(none, "CompressionEffective")["status"] == "Unknown"
     assert none.status is not None and "predictions" not in none.status["compression"]
     # Prometheus down says nothing about compression: the condition stands.
-    down = Sample(time=at(20), error=(perr.UNREACHABLE, "refused"))
+    down = Sample(time=at(20), error=(PromReason.UNREACHABLE, "refused"))
     held = run(view(), [reading(0), reading(10, pred=CANNOT), down])
     assert condition(held, "CompressionEffective")["status"] == "False"
 
@@ -200,7 +199,7 @@ def test_without_predictions_one_step_is_tried_down_first() -> None:
 def test_quality_below_threshold_steps_down_at_once() -> None:
     plan = run(view(), [reading(0, p99=0.6, kept=0.9)])
     assert plan.status is not None
-    assert plan.status["compression"]["reason"] == tt.QUALITY_GUARD
+    assert plan.status["compression"]["reason"] == Reason.QUALITY_GUARD
     assert plan.ratio is not None and plan.ratio.text == "0.2"  # 2 * maxStep
 
 
@@ -220,7 +219,7 @@ def test_scale_up_sets_replicas_and_starts_the_ratios_settle_window() -> None:
     assert plan.scale is not None and plan.scale.replicas == 3
     assert plan.scale.event.reason == "Scaled"
     assert plan.status is not None
-    assert plan.status["autoscaling"]["reason"] == autoscaler.SCALED_UP
+    assert plan.status["autoscaling"]["reason"] == Reason.SCALED_UP
     assert plan.status["autoscaling"]["lastScaleTime"] == "2026-01-01T12:00:00Z"
     assert plan.memory.last_replicas == 3 and plan.memory.last_replica_change == at(0)
     # Next tick (the spec now says 3): p99 is over target, but the ratio settles first.
@@ -229,7 +228,7 @@ def test_scale_up_sets_replicas_and_starts_the_ratios_settle_window() -> None:
             view(autoscaling=auto, replicas=3), plan.status, 1, reading(10), plan.memory, at(10)
         )
     )
-    assert reason(nxt) == tt.HOLD_SETTLING and nxt.scale is None
+    assert reason(nxt) == Reason.SETTLING_AFTER_SCALE and nxt.scale is None
 
 
 def test_someone_elses_replica_change_also_starts_the_settle_window() -> None:
@@ -238,13 +237,13 @@ def test_someone_elses_replica_change_also_starts_the_settle_window() -> None:
         TickInput(view(replicas=2), plan.status or {}, 1, reading(10), plan.memory, at(10))
     )
     assert nxt.memory.last_replica_change == at(10)
-    assert reason(nxt) == tt.HOLD_SETTLING
+    assert reason(nxt) == Reason.SETTLING_AFTER_SCALE
 
 
 def test_a_fresh_process_takes_the_last_scale_time_from_status() -> None:
     status = {"autoscaling": {"lastScaleTime": "2026-01-01T11:59:30Z"}}
     plan = run(view(), [reading(0), reading(10)], status=status)
-    assert reason(plan) == tt.HOLD_SETTLING  # 40 s after the scale, cooldown 60 s
+    assert reason(plan) == Reason.SETTLING_AFTER_SCALE  # 40 s after the scale, cooldown 60 s
 
 
 def test_switched_off_gives_back_its_fields_once() -> None:

@@ -20,15 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from slimspec_operator.tuning.prometheus.errors import PromReason
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.types import Sample, clean
-
-SCALED_UP = "LoadAboveTarget"
-SCALED_DOWN = "LoadBelowTarget"
-BOUNDS = "OutsideBounds"
-HOLD_STEADY = "AtRecommendation"
-HOLD_STABILISING = "StabilizationWindow"
-HOLD_SETTLING = "SettlingAfterRatioChange"
-NO_METRICS = "NoData"
 
 
 @dataclass(frozen=True)
@@ -89,11 +83,11 @@ def decide(
     if replicas < s.min_replicas or replicas > s.max_replicas:
         new = min(max(replicas, s.min_replicas), s.max_replicas)
         msg = f"replicas {replicas} outside [{s.min_replicas}, {s.max_replicas}]"
-        return ScaleDecision(new, True, BOUNDS, msg, sample is not None, kept)
+        return ScaleDecision(new, True, Reason.OUTSIDE_BOUNDS, msg, sample is not None, kept)
 
     want = recommend(sample, replicas, s) if sample is not None else None
     if want is None:
-        reason = sample.error[0] if sample is not None and sample.error else NO_METRICS
+        reason = sample.error[0] if sample is not None and sample.error else PromReason.NO_DATA
         msg = "holding: no usable load metrics"
         return ScaleDecision(replicas, False, reason, msg, False, kept)
     kept = (*kept, Recommendation(now, want))
@@ -101,7 +95,7 @@ def decide(
     if want > replicas:
         rate = clean(sample.request_rate) if sample else None
         msg = f"{rate:.3g} req/s needs {want} replicas"
-        return ScaleDecision(want, True, SCALED_UP, msg, True, kept)
+        return ScaleDecision(want, True, Reason.SCALED_UP, msg, True, kept)
 
     # Scale down to the highest recommendation over the window, once the window
     # is covered by observations.
@@ -109,16 +103,20 @@ def decide(
     if stable >= replicas:
         if want < replicas:
             msg = f"recommendation {want}; highest over the window is {stable}"
-            return ScaleDecision(replicas, False, HOLD_STABILISING, msg, True, kept)
-        return ScaleDecision(replicas, False, HOLD_STEADY, f"recommendation {want}", True, kept)
+            return ScaleDecision(replicas, False, Reason.HOLD_STABILISING, msg, True, kept)
+        return ScaleDecision(
+            replicas, False, Reason.HOLD_STEADY, f"recommendation {want}", True, kept
+        )
     start = observing_since or (kept[0].time if kept else now)
     if now - start < window:
         msg = f"recommendation {want}; window not yet covered ({(now - start).seconds}s)"
-        return ScaleDecision(replicas, False, HOLD_STABILISING, msg, True, kept)
+        return ScaleDecision(replicas, False, Reason.HOLD_STABILISING, msg, True, kept)
     if last_ratio_change is not None:
         since = (now - last_ratio_change).total_seconds()
         if since < s.settle_after_ratio:
             msg = f"ratio changed {since:.0f}s ago; not scaling down yet"
-            return ScaleDecision(replicas, False, HOLD_SETTLING, msg, True, kept)
+            return ScaleDecision(
+                replicas, False, Reason.SETTLING_AFTER_RATIO_CHANGE, msg, True, kept
+            )
     msg = f"highest recommendation over {s.stabilization_window:g}s is {stable}"
-    return ScaleDecision(stable, True, SCALED_DOWN, msg, True, kept)
+    return ScaleDecision(stable, True, Reason.SCALED_DOWN, msg, True, kept)

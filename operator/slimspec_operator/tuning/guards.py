@@ -31,16 +31,11 @@ from dataclasses import replace
 from datetime import datetime
 
 from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning.prometheus.errors import PromReason
 from slimspec_operator.tuning.ratio_choice import choose, judge_trial
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.trials import EffectMemory
 from slimspec_operator.tuning.types import (
-    BOUNDS,
-    HOLD_AT_MIN,
-    HOLD_COOLDOWN,
-    HOLD_LOW_TRAFFIC,
-    HOLD_SETTLING,
-    NO_METRICS,
-    QUALITY_GUARD,
     Change,
     Decision,
     Sample,
@@ -73,37 +68,37 @@ def decide(
     if ratio < low or ratio > high:
         new = min(max(ratio, low), high)
         msg = f"ratio {ratio:g} outside [{low:g}, {high:g}]"
-        return move(ratio, new, BOUNDS, msg, replace(effect, trial=None))
+        return move(ratio, new, Reason.OUTSIDE_BOUNDS, msg, replace(effect, trial=None))
 
     latest = samples[-1] if samples else None
     problem = metrics_problem(latest)
     if problem is not None or latest is None:
-        return unavailable(ratio, *(problem or (NO_METRICS, "")), effect)
+        return unavailable(ratio, *(problem or (PromReason.NO_DATA, "")), effect)
     kept = clean(latest.kept_acceptance)
 
     # Quality guard: safety first, ignores cooldown, traffic and any trial.
     if kept is not None and kept < s.quality_threshold:
         if ratio <= low:
             msg = f"kept acceptance {kept:.3f} below threshold, at min"
-            return hold(ratio, HOLD_AT_MIN, msg, effect)
+            return hold(ratio, Reason.HOLD_AT_MIN, msg, effect)
         new = max(low, ratio - s.max_step * s.down_step_factor)
         msg = f"kept acceptance {kept:.3f} < {s.quality_threshold:g}"
-        return move(ratio, new, QUALITY_GUARD, msg, replace(effect, trial=None))
+        return move(ratio, new, Reason.QUALITY_GUARD, msg, replace(effect, trial=None))
 
     rate = clean(latest.request_rate) or 0.0
     if rate < s.min_request_rate:
         msg = f"request rate {rate:.3g}/s < {s.min_request_rate:g}/s"
-        return hold(ratio, HOLD_LOW_TRAFFIC, msg, effect)
+        return hold(ratio, Reason.HOLD_LOW_TRAFFIC, msg, effect)
     p99 = clean(latest.p99_latency)
     if p99 is None:
-        reason = latest.missing.get("p99Latency", NO_METRICS)
+        reason = latest.missing.get("p99Latency", PromReason.NO_DATA)
         return unavailable(ratio, reason, "p99 latency query returned no usable value", effect)
 
     if last_replica_change is not None:
         since = (now - last_replica_change).total_seconds()
         if since < s.settle_after_scale:
             msg = f"replicas changed {since:.0f}s ago; letting them settle"
-            return hold(ratio, HOLD_SETTLING, msg, effect)
+            return hold(ratio, Reason.SETTLING_AFTER_SCALE, msg, effect)
 
     sit = Situation(samples, ratio, s, now, changes, effect, rate, p99, kept, latest.predictions)
     trial = effect.trial
@@ -116,5 +111,5 @@ def decide(
     if last is not None:
         since = (now - last.time).total_seconds()
         if since < s.cooldown:
-            return sit.hold(HOLD_COOLDOWN, f"last change {since:.0f}s ago")
+            return sit.hold(Reason.HOLD_COOLDOWN, f"last change {since:.0f}s ago")
     return choose(sit)

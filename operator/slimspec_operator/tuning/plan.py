@@ -22,6 +22,8 @@ from slimspec_operator.rollout.plan import Event
 from slimspec_operator.tuning import autoscaler
 from slimspec_operator.tuning.guards import decide
 from slimspec_operator.tuning.predictions import effectiveness
+from slimspec_operator.tuning.prometheus.errors import PromReason
+from slimspec_operator.tuning.reasons import Condition, EventReason, Reason
 from slimspec_operator.tuning.status import (
     changes_from_status,
     compression_status,
@@ -30,8 +32,6 @@ from slimspec_operator.tuning.status import (
 from slimspec_operator.tuning.status import parse as _time
 from slimspec_operator.tuning.types import Decision, Sample, TunerSettings
 
-CONDITION = "MetricsAvailable"
-EFFECTIVE = "CompressionEffective"
 SAMPLES_KEPT = 10
 TIMER_JITTER_SECONDS = 0.5
 
@@ -159,7 +159,8 @@ def plan_tick(inp: TickInput) -> TickPlan:
 
     new_status: dict[str, Any] = {}
     events: list[Event] = []
-    available, why, message = True, "MetricsOK", "Prometheus answered all queries"
+    available, message = True, "Prometheus answered all queries"
+    why: str = Reason.METRICS_OK
     compression: Mapping[str, Any] = status.get("compression") or {}
     last_ratio_change = _time(compression.get("lastChangeTime"))
 
@@ -194,10 +195,10 @@ def plan_tick(inp: TickInput) -> TickPlan:
         if d.changed:
             msg = f"compression ratio {ratio:g} -> {d.ratio:g} ({d.reason}): {d.message}"
             if inp.dry_run:
-                events.append(Event("Normal", "DryRunCompression", msg))
+                events.append(Event("Normal", EventReason.DRY_RUN_COMPRESSION, msg))
             else:
                 # A revert is announced under its own reason, as a warning.
-                event = Event("Normal", "CompressionChanged", msg)
+                event = Event("Normal", EventReason.COMPRESSION_CHANGED, msg)
                 if d.verdict is not None:
                     event = Event("Warning", d.reason, msg)
                 ratio_write = RatioWrite(format_ratio(d.ratio), event)
@@ -231,39 +232,41 @@ def plan_tick(inp: TickInput) -> TickPlan:
         if scale.changed:
             msg = f"replicas {view.replicas} -> {scale.replicas}: {scale.message}"
             if inp.dry_run:
-                events.append(Event("Normal", "DryRunScale", msg))
+                events.append(Event("Normal", EventReason.DRY_RUN_SCALE, msg))
             else:
-                scale_to = ScaleTo(scale.replicas, Event("Normal", "Scaled", msg))
+                scale_to = ScaleTo(scale.replicas, Event("Normal", EventReason.SCALED, msg))
                 memory = replace(memory, last_replicas=scale.replicas, last_replica_change=now)
                 auto_status["lastScaleTime"] = format_time(now)
         new_status["autoscaling"] = auto_status
 
     cond_status = "True" if available else "False"
     conditions = status.get("conditions") or []
-    prior = get_condition(conditions, CONDITION)
+    prior = get_condition(conditions, Condition.METRICS_AVAILABLE)
     conditions = set_condition(
-        conditions, CONDITION, cond_status, why, message, inp.generation, now
+        conditions, Condition.METRICS_AVAILABLE, cond_status, why, message, inp.generation, now
     )
     if prior is None or prior.get("status") != cond_status:
         if available:
-            events.append(Event("Normal", "MetricsAvailable", message))
+            events.append(Event("Normal", EventReason.METRICS_AVAILABLE, message))
         else:
-            events.append(Event("Warning", "MetricsUnavailable", message))
-    owned = {CONDITION}
+            events.append(Event("Warning", EventReason.METRICS_UNAVAILABLE, message))
+    owned = {Condition.METRICS_AVAILABLE}
     if view.tuning.enabled:
-        owned.add(EFFECTIVE)
-        was = get_condition(conditions, EFFECTIVE)
+        owned.add(Condition.COMPRESSION_EFFECTIVE)
+        was = get_condition(conditions, Condition.COMPRESSION_EFFECTIVE)
         if effective is None:  # no reading: keep what the last one said
             effective = (
                 (was["status"], was.get("reason", ""), was.get("message", ""))
                 if was is not None
-                else ("Unknown", "NoData", "no metrics read yet")
+                else ("Unknown", PromReason.NO_DATA, "no metrics read yet")
             )
-        conditions = set_condition(conditions, EFFECTIVE, *effective, inp.generation, now)
+        conditions = set_condition(
+            conditions, Condition.COMPRESSION_EFFECTIVE, *effective, inp.generation, now
+        )
         flipped = was is None or was.get("status") != effective[0]
         if flipped and effective[0] == "False":
-            events.append(Event("Warning", "CompressionIneffective", effective[2]))
+            events.append(Event("Warning", EventReason.COMPRESSION_INEFFECTIVE, effective[2]))
         elif flipped and effective[0] == "True" and was is not None:
-            events.append(Event("Normal", "CompressionEffective", effective[2]))
+            events.append(Event("Normal", EventReason.COMPRESSION_EFFECTIVE, effective[2]))
     new_status["conditions"] = [c for c in conditions if c["type"] in owned]
     return TickPlan(memory, new_status, ratio_write, scale_to, tuple(events), decision, scale)

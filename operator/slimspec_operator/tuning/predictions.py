@@ -16,12 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-# Reasons of the CompressionEffective condition (and of holds that cite it).
-HEAD_SHARE_TOO_SMALL = "HeadShareTooSmall"
-ACCEPTANCE_LOSS = "AcceptanceLossOutweighsGain"
-NO_PREDICTED_GAIN = "NoPredictedGain"
-PREDICTED_GAIN = "PredictedGain"
-NO_PREDICTIONS = "NoPredictions"
+from slimspec_operator.tuning.reasons import Reason
 
 # Below this share of a draft step, a cheaper head cannot buy a measurable
 # speed-up; used to name why compression cannot help when the engines give no reason.
@@ -114,26 +109,26 @@ def effectiveness(
     if pred is None or (pred.can_help is None and not pred.usable):
         return (
             "Unknown",
-            NO_PREDICTIONS,
+            Reason.NO_PREDICTIONS,
             "the engines export no per-ratio predictions; each change is tried and measured",
         )
     if pred.can_help is False:
         return "False", cannot_help_reason(pred), _cannot_help_message(pred)
     if not pred.usable:
-        return "True", PREDICTED_GAIN, "the engines say compression can help"
+        return "True", Reason.PREDICTED_GAIN, "the engines say compression can help"
     best = fastest(pred, low, high, min_gain)
     base = speedup_at(pred, low)
     top = speedup_at(pred, best) if best is not None else None
     if best is None or base is None or top is None or top < base * (1.0 + min_gain):
         return (
             "False",
-            NO_PREDICTED_GAIN,
+            Reason.NO_PREDICTED_GAIN,
             f"no ratio in [{low:g}, {high:g}] is predicted at least {min_gain:.0%} faster "
             f"than {low:g}",
         )
     return (
         "True",
-        PREDICTED_GAIN,
+        Reason.PREDICTED_GAIN,
         f"ratio {best:g} predicted {top:.2f}x the target alone, {base:.2f}x at {low:g}",
     )
 
@@ -144,8 +139,8 @@ def cannot_help_reason(pred: Predictions) -> str:
         return pred.reason
     share = _interpolate(pred.head_share, 0.0)
     if share is not None and share < SMALL_HEAD_SHARE:
-        return HEAD_SHARE_TOO_SMALL
-    return NO_PREDICTED_GAIN
+        return Reason.HEAD_SHARE_TOO_SMALL
+    return Reason.NO_PREDICTED_GAIN
 
 
 def _cannot_help_message(pred: Predictions) -> str:

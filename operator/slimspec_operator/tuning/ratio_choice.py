@@ -22,23 +22,9 @@ from datetime import datetime
 
 from slimspec_operator.tuning import predictions as rp
 from slimspec_operator.tuning import trials as fx
-from slimspec_operator.tuning.trials import DOWN, UP, Trial
+from slimspec_operator.tuning.reasons import Reason
+from slimspec_operator.tuning.trials import DOWN, UP, Basis, Outcome, Trial
 from slimspec_operator.tuning.types import (
-    ABOVE_TARGET,
-    BELOW_TARGET,
-    CANNOT_HELP,
-    CONFIRMED,
-    HOLD_AT_MAX,
-    HOLD_AT_MIN,
-    HOLD_BACKING_OFF,
-    HOLD_BAND,
-    HOLD_CONFIRMING,
-    HOLD_LOAD_NOT_LOWER,
-    HOLD_MEASURING,
-    HOLD_NO_PREDICTED_GAIN,
-    HOLD_QUALITY_UNKNOWN,
-    HOLD_WOULD_BREACH,
-    NO_SLOWER,
     REVERT_REASONS,
     Decision,
     Situation,
@@ -57,20 +43,22 @@ def judge_trial(sit: Situation, trial: Trial, last_replica_change: datetime | No
     since = (sit.now - trial.time).total_seconds()
     what = f"{trial.from_ratio:g} -> {trial.to_ratio:g}"
     if since < s.cooldown:
-        return sit.hold(HOLD_MEASURING, f"measuring {what}: {since:.0f}s of {s.cooldown:g}s")
+        return sit.hold(Reason.HOLD_MEASURING, f"measuring {what}: {since:.0f}s of {s.cooldown:g}s")
     after_cooldown = [x for x in sit.samples if (x.time - trial.time).total_seconds() >= s.cooldown]
     p99s = recent_p99(after_cooldown, s.confirmations)
     if len(p99s) < s.confirmations:
-        return sit.hold(HOLD_MEASURING, f"measuring {what}: {len(p99s)}/{s.confirmations} samples")
+        return sit.hold(
+            Reason.HOLD_MEASURING, f"measuring {what}: {len(p99s)}/{s.confirmations} samples"
+        )
     changed = last_replica_change is not None and last_replica_change > trial.time
     v = fx.judge(
         trial, p99s, sit.rate, sit.now, s.latency_target, s.dead_band, s.dead_band, changed
     )
     effect = sit.effect.learnt(v)
     if v.keep:
-        return replace(sit.hold(CONFIRMED, v.message), effect=effect, verdict=v)
+        return replace(sit.hold(Reason.CONFIRMED, v.message), effect=effect, verdict=v)
     back = trial.from_ratio if v.revert_to is None else v.revert_to
-    if v.outcome != fx.INCONCLUSIVE:
+    if v.outcome != Outcome.INCONCLUSIVE:
         backoffs = fx.with_backoff(
             effect.backoffs,
             back,
@@ -120,12 +108,12 @@ def _latency_direction(sit: Situation) -> int | Decision:
     elif recent and all(x < lower_edge for x in recent):
         direction = DOWN
     elif sit.p99 > s.latency_target or sit.p99 < lower_edge:
-        return sit.hold(HOLD_CONFIRMING, confirming)
+        return sit.hold(Reason.HOLD_CONFIRMING, confirming)
     else:
         band = f"p99 {sit.p99:.3f}s within [{lower_edge:.3f}, {s.latency_target:g}]s"
-        return sit.hold(HOLD_BAND, band)
+        return sit.hold(Reason.HOLD_BAND, band)
     if len(recent) < s.confirmations:
-        return sit.hold(HOLD_CONFIRMING, confirming)
+        return sit.hold(Reason.HOLD_CONFIRMING, confirming)
     return direction
 
 
@@ -142,8 +130,8 @@ def _cannot_help(sit: Situation, pred: rp.Predictions) -> Decision:
             return _backing_off(sit, b)
         new = max(desired, sit.ratio - sit.down_step)
         msg = f"compression cannot help here ({reason}); lowering toward {desired:g}"
-        return sit.trial(new, CANNOT_HELP, msg, fx.CANNOT_HELP)
-    return sit.hold(CANNOT_HELP, f"compression cannot help here ({reason}); not raising")
+        return sit.trial(new, Reason.CANNOT_HELP, msg, Basis.ENGINES_CANNOT_HELP)
+    return sit.hold(Reason.CANNOT_HELP, f"compression cannot help here ({reason}); not raising")
 
 
 def _lower_no_slower(sit: Situation, pred: rp.Predictions) -> Decision | None:
@@ -156,7 +144,7 @@ def _lower_no_slower(sit: Situation, pred: rp.Predictions) -> Decision | None:
     if here is None or there is None or there < here:
         return None
     msg = f"{new:g} predicted {there:.2f}x vs {here:.2f}x at {sit.ratio:g}: no slower, safer"
-    return sit.trial(new, NO_SLOWER, msg, fx.PREDICTED)
+    return sit.trial(new, Reason.NO_SLOWER, msg, Basis.PREDICTED)
 
 
 def _toward_fastest(sit: Situation, pred: rp.Predictions) -> Decision:
@@ -184,8 +172,8 @@ def _toward_fastest(sit: Situation, pred: rp.Predictions) -> Decision:
         f"{top:.2f}x vs {here:.2f}x at {ratio:g}"
     )
     if best > ratio:
-        return sit.trial(min(best, ratio + s.max_step), ABOVE_TARGET, msg, fx.PREDICTED)
-    return sit.trial(max(best, ratio - sit.down_step), ABOVE_TARGET, msg, fx.PREDICTED)
+        return sit.trial(min(best, ratio + s.max_step), Reason.ABOVE_TARGET, msg, Basis.PREDICTED)
+    return sit.trial(max(best, ratio - sit.down_step), Reason.ABOVE_TARGET, msg, Basis.PREDICTED)
 
 
 def _why_not_faster(sit: Situation, pred: rp.Predictions, here: float) -> Decision:
@@ -198,14 +186,14 @@ def _why_not_faster(sit: Situation, pred: rp.Predictions, here: float) -> Decisi
         if (b := sit.blocked(direction)) is not None:
             return _backing_off(sit, b)
         if direction == UP and sit.kept is None:
-            return sit.hold(HOLD_QUALITY_UNKNOWN, "no kept-acceptance reading; not raising")
+            return sit.hold(Reason.HOLD_QUALITY_UNKNOWN, "no kept-acceptance reading; not raising")
         return sit.hold(
-            HOLD_NO_PREDICTED_GAIN,
+            Reason.NO_PREDICTED_GAIN,
             f"{best:g} predicted faster but its measured kept acceptance "
             f"{rp.kept_at(pred, best)} is under {s.quality_threshold:g}",
         )
     return sit.hold(
-        HOLD_NO_PREDICTED_GAIN,
+        Reason.NO_PREDICTED_GAIN,
         f"p99 {sit.p99:.3f}s > target {s.latency_target:g}s but no ratio in "
         f"[{s.min_ratio:g}, {s.max_ratio:g}] is predicted {s.min_predicted_gain:.0%} faster "
         f"than {sit.ratio:g} ({here:.2f}x); capacity has to answer",
@@ -224,19 +212,19 @@ def _measured_step(sit: Situation) -> Decision:
     for d in order:
         if d == DOWN and ratio <= s.min_ratio + _EPS:
             why.append("at min")
-            reasons.append(HOLD_AT_MIN)
+            reasons.append(Reason.HOLD_AT_MIN)
             continue
         if d == UP and ratio >= s.max_ratio - _EPS:
             why.append("at max")
-            reasons.append(HOLD_AT_MAX)
+            reasons.append(Reason.HOLD_AT_MAX)
             continue
         if (b := sit.blocked(d)) is not None:
             why.append(f"{fx.direction_name(d)} backed off until {b.until:%H:%M:%S}")
-            reasons.append(HOLD_BACKING_OFF)
+            reasons.append(Reason.HOLD_BACKING_OFF)
             continue
         if d == UP and sit.kept is None:
             why.append("no kept-acceptance reading to raise on")
-            reasons.append(HOLD_QUALITY_UNKNOWN)
+            reasons.append(Reason.HOLD_QUALITY_UNKNOWN)
             continue
         new = ratio + s.max_step if d == UP else ratio - sit.down_step
         new = min(max(new, s.min_ratio), s.max_ratio)
@@ -244,8 +232,11 @@ def _measured_step(sit: Situation) -> Decision:
             f"p99 {sit.p99:.3f}s > target {s.latency_target:g}s; no predictions: "
             f"trying {new:g} and measuring"
         )
-        return sit.trial(new, ABOVE_TARGET, msg, fx.MEASURED)
-    reason = next((r for r in (HOLD_BACKING_OFF, HOLD_QUALITY_UNKNOWN) if r in reasons), reasons[0])
+        return sit.trial(new, Reason.ABOVE_TARGET, msg, Basis.MEASURED)
+    reason = next(
+        (r for r in (Reason.HOLD_BACKING_OFF, Reason.HOLD_QUALITY_UNKNOWN) if r in reasons),
+        reasons[0],
+    )
     return sit.hold(reason, f"p99 {sit.p99:.3f}s above target; " + ", ".join(why))
 
 
@@ -254,7 +245,7 @@ def _lower_for_headroom(sit: Situation, pred: rp.Predictions | None) -> Decision
     the target (predicted) or undo a raise the load still needs (anti-flap)."""
     s, ratio = sit.s, sit.ratio
     if ratio <= s.min_ratio + _EPS:
-        return sit.hold(HOLD_AT_MIN, f"p99 {sit.p99:.3f}s below target, at min")
+        return sit.hold(Reason.HOLD_AT_MIN, f"p99 {sit.p99:.3f}s below target, at min")
     if (b := sit.blocked(DOWN)) is not None:
         return _backing_off(sit, b)
     new = max(s.min_ratio, ratio - sit.down_step)
@@ -264,7 +255,7 @@ def _lower_for_headroom(sit: Situation, pred: rp.Predictions | None) -> Decision
             expected = sit.p99 * here / there
             if expected > s.latency_target:
                 return sit.hold(
-                    HOLD_WOULD_BREACH,
+                    Reason.HOLD_WOULD_BREACH,
                     f"{new:g} predicted {there:.2f}x vs {here:.2f}x: p99 about "
                     f"{expected:.3f}s, over the target {s.latency_target:g}s",
                 )
@@ -273,18 +264,18 @@ def _lower_for_headroom(sit: Situation, pred: rp.Predictions | None) -> Decision
     blocker = None if far_below else recent_raise_still_needed(sit.changes, sit.rate, s, sit.now)
     if blocker is not None:
         return sit.hold(
-            HOLD_LOAD_NOT_LOWER,
+            Reason.HOLD_LOAD_NOT_LOWER,
             f"raised to {blocker.to_ratio:g} at {blocker.time:%H:%M:%S} under load "
             f"{blocker.request_rate} req/s; load now {sit.rate:.3g} req/s",
         )
     lower_edge = s.latency_target * (1.0 - s.dead_band)
     msg = f"p99 {sit.p99:.3f}s < {lower_edge:.3f}s"
-    return sit.trial(new, BELOW_TARGET, msg, fx.HEADROOM)
+    return sit.trial(new, Reason.BELOW_TARGET, msg, Basis.HEADROOM)
 
 
 def _backing_off(sit: Situation, b: fx.BackOff) -> Decision:
     return sit.hold(
-        HOLD_BACKING_OFF,
+        Reason.HOLD_BACKING_OFF,
         f"moving {fx.direction_name(b.direction)} from {b.from_ratio:g} was reverted "
         f"({b.reason}, {b.count}x); not before {b.until:%H:%M:%S}",
     )

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from slimspec_operator.kube.conditions import format_time, parse_time
 from slimspec_operator.tuning import predictions as rp
 from slimspec_operator.tuning import trials as fx
-from slimspec_operator.tuning.trials import BackOff, EffectMemory, Trial, Verdict
-from slimspec_operator.tuning.types import ABOVE_TARGET, Change, Decision, Sample, clean
+from slimspec_operator.tuning.reasons import Reason
+from slimspec_operator.tuning.trials import BackOff, Basis, EffectMemory, Outcome, Trial, Verdict
+from slimspec_operator.tuning.types import Change, Decision, Sample, clean
+
+E = TypeVar("E", bound=StrEnum)
 
 HISTORY_LIMIT = 20  # status.compression.history entries kept
 _DIRECTIONS = {"up": fx.UP, "down": fx.DOWN}
@@ -38,6 +42,14 @@ def _float(value: Any) -> float | None:
     try:
         return float(value)
     except (TypeError, ValueError):
+        return None
+
+
+def _enum(kind: type[E], value: Any) -> E | None:
+    """A word read back from status as its enum; None for one this version does not know."""
+    try:
+        return kind(value)
+    except ValueError:
         return None
 
 
@@ -103,7 +115,9 @@ def _trial(doc: Any) -> Trial | None:
     p99, rate = _float(doc.get("p99BeforeSeconds")), _float(doc.get("requestRateBefore"))
     if t is None or frm is None or to is None or p99 is None or rate is None:
         return None
-    basis = str(doc.get("basis", fx.PREDICTED))
+    basis = _enum(Basis, doc.get("basis", Basis.PREDICTED))
+    if basis is None:
+        return None
     origin = [_float(doc.get(k)) for k in ("originRatio", "p99OriginSeconds", "requestRateOrigin")]
     if None in origin:
         return Trial(t, frm, to, basis, p99, rate)
@@ -129,7 +143,9 @@ def _verdict(doc: Any) -> Verdict | None:
     after, rate = _float(doc.get("p99AfterSeconds")), _float(doc.get("requestRateAfter"))
     if when is None or after is None or rate is None:
         return None
-    outcome, keep = str(doc.get("outcome", "")), bool(doc.get("kept", True))
+    outcome, keep = _enum(Outcome, doc.get("outcome")), bool(doc.get("kept", True))
+    if outcome is None:
+        return None
     return Verdict(trial, when, outcome, keep, after, rate, str(doc.get("message", "")))
 
 
@@ -242,7 +258,7 @@ def compression_status(
             "requestRate": _num(sample.request_rate),
             "p99LatencySeconds": _num(sample.p99_latency),
         }
-        raised = decision.reason == ABOVE_TARGET and decision.ratio > ratio
+        raised = decision.reason == Reason.ABOVE_TARGET and decision.ratio > ratio
         if raised and sample.request_rate is not None:
             out["lastRaise"] = {"time": entry["time"], "requestRate": entry["requestRate"]}
         out.update(

@@ -66,6 +66,7 @@ from slimspec_operator.tuning.plan import (
 )
 from slimspec_operator.tuning.prometheus.auth import run_queries
 from slimspec_operator.tuning.prometheus.queries import queries_for, sample_from
+from slimspec_operator.tuning.reasons import EventReason
 from slimspec_operator.tuning.types import Sample
 
 DRY_RUN = os.environ.get("SLIMSPEC_TUNING_DRY_RUN", "") in ("1", "true", "yes")
@@ -262,7 +263,7 @@ def reconcile_keda(kube: Kube, body: Mapping[str, Any], view: TuningView, mem: M
         if not mem.keda_applied:  # say it once per process, not every tick
             api = f"{KEDA_API_VERSION} {KEDA_KIND}"
             message = f"autoscaling.mode=keda but the {api} API is not served"
-            post_event(kube, body, Event("Warning", "KedaNotInstalled", message))
+            post_event(kube, body, Event("Warning", EventReason.KEDA_NOT_INSTALLED, message))
             mem.keda_applied = True  # remembered as "reported"; nothing to delete
         return
     uid = meta.get("uid", "")

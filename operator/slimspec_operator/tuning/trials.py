@@ -17,21 +17,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum, unique
 
 UP, DOWN = 1, -1
 
-# Why a change was made (Trial.basis).
-PREDICTED = "predicted"  # the engines' predictions chose it
-MEASURED = "measured"  # no predictions: one step tried, kept only if it helps
-HEADROOM = "headroom"  # p99 well under target: lowered, the safe side
-CANNOT_HELP = "cannotHelp"  # the engines say compression cannot help: lowered
 
-# What the samples after the change showed (Verdict.outcome).
-IMPROVED = "Improved"
-NEUTRAL = "Neutral"
-WORSE = "Worse"
-BREACHED = "TargetBreached"
-INCONCLUSIVE = "Inconclusive"
+@unique
+class Basis(StrEnum):
+    """Why a change was made (Trial.basis)."""
+
+    PREDICTED = "predicted"  # the engines' predictions chose it
+    MEASURED = "measured"  # no predictions: one step tried, kept only if it helps
+    HEADROOM = "headroom"  # p99 well under target: lowered, the safe side
+    # The engines say compression cannot help: lowered (the decision's reason is
+    # Reason.CANNOT_HELP, a different word in a different list).
+    ENGINES_CANNOT_HELP = "cannotHelp"
+
+
+@unique
+class Outcome(StrEnum):
+    """What the samples after the change showed (Verdict.outcome)."""
+
+    IMPROVED = "Improved"
+    NEUTRAL = "Neutral"
+    WORSE = "Worse"
+    BREACHED = "TargetBreached"
+    INCONCLUSIVE = "Inconclusive"
+
 
 BACKOFFS_KEPT = 8
 _EPS = 1e-6
@@ -49,7 +61,7 @@ class Trial:
     time: datetime
     from_ratio: float
     to_ratio: float
-    basis: str
+    basis: Basis
     p99_before: float  # mean of the samples that decided the change
     rate_before: float  # request rate when it was made
     origin_ratio: float | None = None  # None: this change starts its chain
@@ -80,7 +92,7 @@ class Trial:
 class Verdict:
     trial: Trial
     time: datetime
-    outcome: str
+    outcome: Outcome
     keep: bool
     p99_after: float
     rate_after: float
@@ -114,9 +126,9 @@ class EffectMemory:
         """After `verdict`: no trial, the verdict remembered, and the faster
         direction updated when the verdict says which it is."""
         faster, when = self.faster, self.faster_time
-        if verdict.outcome == IMPROVED:
+        if verdict.outcome == Outcome.IMPROVED:
             faster, when = verdict.trial.direction, verdict.time
-        elif verdict.outcome in (WORSE, BREACHED):
+        elif verdict.outcome in (Outcome.WORSE, Outcome.BREACHED):
             faster, when = -verdict.trial.direction, verdict.time
         return EffectMemory(None, verdict, self.backoffs, faster, when)
 
@@ -134,17 +146,17 @@ def direction_name(direction: int) -> str:
 
 
 def _compare(after: float, before: float, rate_before: float, rate_after: float,
-             tolerance: float, load_band: float) -> tuple[str, str]:  # fmt: skip
+             tolerance: float, load_band: float) -> tuple[Outcome, str]:  # fmt: skip
     change = after / max(before, _EPS) - 1.0
     load_up = rate_after > rate_before * (1.0 + load_band)
     load_down = rate_after < rate_before * (1.0 - load_band)
     if change > tolerance and not load_up:
-        return WORSE, "p99 rose while the load did not"
+        return Outcome.WORSE, "p99 rose while the load did not"
     if change < -tolerance and not load_down:
-        return IMPROVED, "p99 fell while the load did not"
+        return Outcome.IMPROVED, "p99 fell while the load did not"
     if abs(change) <= tolerance:
-        return NEUTRAL, f"p99 moved less than {tolerance:.0%}"
-    return INCONCLUSIVE, "p99 moved with the load"
+        return Outcome.NEUTRAL, f"p99 moved less than {tolerance:.0%}"
+    return Outcome.INCONCLUSIVE, "p99 moved with the load"
 
 
 def judge(
@@ -170,28 +182,28 @@ def judge(
     after = sum(p99_after) / len(p99_after)
     revert_to = trial.from_ratio
     if replicas_changed:
-        outcome, why = INCONCLUSIVE, "the replica count changed during the trial"
-    elif trial.basis == HEADROOM:
+        outcome, why = Outcome.INCONCLUSIVE, "the replica count changed during the trial"
+    elif trial.basis == Basis.HEADROOM:
         outcome, why = _compare(
             after, trial.p99_before, trial.rate_before, rate_after, tolerance, load_band
         )
         if after > target:
-            outcome, why = BREACHED, f"p99 rose over the target {target:g}s"
+            outcome, why = Outcome.BREACHED, f"p99 rose over the target {target:g}s"
     else:
         outcome, why = _compare(
             after, trial.p99_before, trial.rate_before, rate_after, tolerance, load_band
         )
         origin_ratio, p99_origin, rate_origin = trial.origin
         chain, _ = _compare(after, p99_origin, rate_origin, rate_after, tolerance, load_band)
-        if outcome != WORSE and chain == WORSE and origin_ratio != trial.from_ratio:
-            outcome, revert_to = WORSE, origin_ratio
+        if outcome != Outcome.WORSE and chain == Outcome.WORSE and origin_ratio != trial.from_ratio:
+            outcome, revert_to = Outcome.WORSE, origin_ratio
             why = f"p99 rose since the first step of these, from {origin_ratio:g}"
-    if trial.basis == HEADROOM:
-        keep = outcome != BREACHED
-    elif trial.basis == MEASURED and trial.direction == UP:
-        keep = outcome == IMPROVED  # a larger ratio must earn its risk to acceptance
+    if trial.basis == Basis.HEADROOM:
+        keep = outcome != Outcome.BREACHED
+    elif trial.basis == Basis.MEASURED and trial.direction == UP:
+        keep = outcome == Outcome.IMPROVED  # a larger ratio must earn its risk to acceptance
     else:
-        keep = outcome != WORSE
+        keep = outcome != Outcome.WORSE
     change = after / max(trial.p99_before, _EPS) - 1.0
     message = (
         f"{trial.from_ratio:g} -> {trial.to_ratio:g}: p99 {trial.p99_before:.3f}s -> "

@@ -1,4 +1,5 @@
-"""The tuner's plain types: readings, settings, decisions and their reasons (pure).
+"""The tuner's plain types: readings, settings and decisions (pure; the reasons are
+reasons.py).
 
 Shared by guards.decide (the guards), ratio_choice.py (choosing and judging a
 move) and the glue that builds samples and status from them.
@@ -14,40 +15,15 @@ from datetime import datetime, timedelta
 from slimspec_operator.contract import DEFAULT_QUALITY_THRESHOLD
 from slimspec_operator.tuning import trials as fx
 from slimspec_operator.tuning.predictions import Predictions
-from slimspec_operator.tuning.trials import EffectMemory, Trial, Verdict
-
-# Reasons (CamelCase, used in status, Events and the conditions).
-ABOVE_TARGET = "LatencyAboveTarget"  # a move (either way) to bring p99 down
-BELOW_TARGET = "LatencyBelowTarget"  # lowered: headroom bought back on the safe side
-NO_SLOWER = "PredictedNoSlower"  # lowered: predicted at least as fast
-CANNOT_HELP = "CompressionCannotHelp"  # lowered or held: the engines say no ratio helps
-QUALITY_GUARD = "QualityBelowThreshold"
-BOUNDS = "OutsideBounds"
-REVERTED_WORSE = "RevertedLatencyWorse"
-REVERTED_NO_GAIN = "RevertedNoGain"
-REVERTED_BREACH = "RevertedTargetBreached"
-REVERTED_UNCONFIRMED = "RevertedUnconfirmed"
-CONFIRMED = "ChangeConfirmed"
-HOLD_MEASURING = "MeasuringChange"
-HOLD_BAND = "WithinDeadBand"
-HOLD_COOLDOWN = "Cooldown"
-HOLD_LOW_TRAFFIC = "LowTraffic"
-HOLD_SETTLING = "SettlingAfterScale"
-HOLD_CONFIRMING = "AwaitingConfirmation"
-HOLD_QUALITY_UNKNOWN = "QualityUnknown"
-HOLD_AT_MAX = "AtMaxRatio"
-HOLD_AT_MIN = "AtMinRatio"
-HOLD_LOAD_NOT_LOWER = "LoadNotLower"
-HOLD_BACKING_OFF = "BackingOff"
-HOLD_NO_PREDICTED_GAIN = "NoPredictedGain"
-HOLD_WOULD_BREACH = "LowerWouldBreachTarget"
-NO_METRICS = "NoData"
+from slimspec_operator.tuning.prometheus.errors import PromReason
+from slimspec_operator.tuning.reasons import Reason
+from slimspec_operator.tuning.trials import Basis, EffectMemory, Outcome, Trial, Verdict
 
 REVERT_REASONS = {
-    fx.WORSE: REVERTED_WORSE,
-    fx.NEUTRAL: REVERTED_NO_GAIN,
-    fx.BREACHED: REVERTED_BREACH,
-    fx.INCONCLUSIVE: REVERTED_UNCONFIRMED,
+    Outcome.WORSE: Reason.REVERTED_WORSE,
+    Outcome.NEUTRAL: Reason.REVERTED_NO_GAIN,
+    Outcome.BREACHED: Reason.REVERTED_BREACH,
+    Outcome.INCONCLUSIVE: Reason.REVERTED_UNCONFIRMED,
 }
 
 
@@ -129,7 +105,7 @@ class Decision:
     reason: str
     message: str
     metrics_available: bool
-    metrics_reason: str = "MetricsOK"
+    metrics_reason: str = Reason.METRICS_OK
     metrics_message: str = ""
     effect: EffectMemory = field(default_factory=EffectMemory)  # to remember
     verdict: Verdict | None = None  # a trial judged by this decision
@@ -170,11 +146,11 @@ def move(ratio: float, new: float, reason: str, message: str, effect: EffectMemo
 def metrics_problem(sample: Sample | None) -> tuple[str, str] | None:
     """Why the latest sample cannot be used, or None when it can."""
     if sample is None:
-        return NO_METRICS, "no metrics sample taken yet"
+        return PromReason.NO_DATA, "no metrics sample taken yet"
     if sample.error is not None:
         return sample.error
     if clean(sample.request_rate) is None:
-        reason = sample.missing.get("requestRate", NO_METRICS)
+        reason = sample.missing.get("requestRate", PromReason.NO_DATA)
         return reason, "request rate query returned no usable value"
     return None
 
@@ -204,7 +180,7 @@ class Situation:
     def hold(self, reason: str, message: str) -> Decision:
         return hold(self.ratio, reason, message, self.effect)
 
-    def trial(self, new: float, reason: str, message: str, basis: str) -> Decision:
+    def trial(self, new: float, reason: str, message: str, basis: Basis) -> Decision:
         """A move to be judged after the cooldown; it continues the chain of the
         last kept step when that went the same way, from here, just before."""
         recent = recent_p99(self.samples, self.s.confirmations) or [self.p99]
@@ -214,7 +190,7 @@ class Situation:
         if (
             last is not None
             and last.keep
-            and last.trial.basis == basis != fx.HEADROOM
+            and last.trial.basis == basis != Basis.HEADROOM
             and last.trial.direction == t.direction
             and abs(last.trial.to_ratio - self.ratio) < 1e-6
             and (self.now - last.time).total_seconds() <= 2 * max(self.s.cooldown, 1.0)
@@ -242,7 +218,7 @@ def recent_raise_still_needed(
     for c in reversed(changes):
         if now - c.time > window:
             return None
-        if c.reason != ABOVE_TARGET or c.to_ratio <= c.from_ratio:
+        if c.reason != Reason.ABOVE_TARGET or c.to_ratio <= c.from_ratio:
             continue
         if c.request_rate is None or rate > c.request_rate * (1.0 - s.dead_band):
             return c

@@ -19,7 +19,7 @@ from typing import Any
 from slimspec_operator.kube.client import ApiError, Kube
 from slimspec_operator.resource.spec import PASSWORD_KEY, TOKEN_KEY, USERNAME_KEY, PrometheusSpec
 from slimspec_operator.tuning.prometheus.client import PromAuth, PromClient
-from slimspec_operator.tuning.prometheus.errors import NO_CREDENTIALS, PromError
+from slimspec_operator.tuning.prometheus.errors import PromError, PromReason
 from slimspec_operator.tuning.prometheus.queries import vector_values
 
 Manifest = dict[str, Any]
@@ -31,13 +31,13 @@ def _secret_data(kube: Kube, namespace: str, name: str) -> dict[str, str]:
     except ApiError as exc:
         if exc.status == 403:
             raise PromError(
-                NO_CREDENTIALS,
+                PromReason.NO_CREDENTIALS,
                 f"the operator may not read Secret {name} (list it in the chart's "
                 "rbac.prometheusSecrets)",
             ) from exc
-        raise PromError(NO_CREDENTIALS, f"Secret {name}: HTTP {exc.status}") from exc
+        raise PromError(PromReason.NO_CREDENTIALS, f"Secret {name}: HTTP {exc.status}") from exc
     if secret is None:
-        raise PromError(NO_CREDENTIALS, f"Secret {name} does not exist")
+        raise PromError(PromReason.NO_CREDENTIALS, f"Secret {name} does not exist")
     data = secret.get("data") or {}
     return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
@@ -45,7 +45,7 @@ def _secret_data(kube: Kube, namespace: str, name: str) -> dict[str, str]:
 def _key(data: Mapping[str, str], secret: str, key: str) -> str:
     value = data.get(key, "").strip()
     if not value:
-        raise PromError(NO_CREDENTIALS, f"Secret {secret} has no key {key}")
+        raise PromError(PromReason.NO_CREDENTIALS, f"Secret {secret} has no key {key}")
     return value
 
 

@@ -26,20 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from slimspec_operator.tuning.prometheus.errors import (
-    AMBIGUOUS,
-    AUTH_FAILED,
-    BAD_RESPONSE,
-    HTTP_ERROR,
-    INVALID_URL,
-    NO_CREDENTIALS,
-    NO_DATA,
-    NOT_A_NUMBER,
-    QUERY_ERROR,
-    TIMEOUT,
-    UNREACHABLE,
-    PromError,
-)
+from slimspec_operator.tuning.prometheus.errors import PromError, PromReason
 
 DETAIL_LIMIT = 160  # characters of a server's or library's words kept in a message
 
@@ -68,11 +55,15 @@ def check_url(url: str) -> None:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (raises on a bad port)
     except ValueError as exc:
-        raise PromError(INVALID_URL, f"not a URL: {_cut(str(exc))}") from exc
+        raise PromError(PromReason.INVALID_URL, f"not a URL: {_cut(str(exc))}") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PromError(INVALID_URL, "prometheus.url must be http:// or https:// with a host")
+        raise PromError(
+            PromReason.INVALID_URL, "prometheus.url must be http:// or https:// with a host"
+        )
     if parts.username is not None or parts.password is not None:
-        raise PromError(INVALID_URL, "prometheus.url must not carry credentials: use auth")
+        raise PromError(
+            PromReason.INVALID_URL, "prometheus.url must not carry credentials: use auth"
+        )
 
 
 class PromClient:
@@ -86,7 +77,7 @@ class PromClient:
         transport: httpx.AsyncBaseTransport | None = None,
         auth: PromAuth | None = None,
     ) -> None:
-        """Raises PromError(INVALID_URL) for a URL it will not fetch."""
+        """Raises PromError(PromReason.INVALID_URL) for a URL it will not fetch."""
         check_url(base_url)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
@@ -98,7 +89,7 @@ class PromClient:
                 verify = ssl.create_default_context(cadata=auth.ca_pem)
             except (ssl.SSLError, ValueError) as exc:
                 msg = "the CA certificate in prometheus.tls does not load"
-                raise PromError(NO_CREDENTIALS, msg) from exc
+                raise PromError(PromReason.NO_CREDENTIALS, msg) from exc
         self._client = httpx.AsyncClient(
             timeout=timeout,
             transport=transport,
@@ -126,11 +117,15 @@ class PromClient:
         try:
             resp = await self._client.post(url, data=params)
         except httpx.TimeoutException as exc:
-            raise PromError(TIMEOUT, f"no answer in {self.timeout:g}s") from exc
+            raise PromError(PromReason.TIMEOUT, f"no answer in {self.timeout:g}s") from exc
         except httpx.HTTPError as exc:  # connect refused, DNS, reset, TLS...
-            raise PromError(UNREACHABLE, _cut(f"{exc.__class__.__name__}: {exc}")) from exc
+            raise PromError(
+                PromReason.UNREACHABLE, _cut(f"{exc.__class__.__name__}: {exc}")
+            ) from exc
         if resp.status_code in (401, 403):
-            raise PromError(AUTH_FAILED, f"HTTP {resp.status_code}: check prometheus.auth")
+            raise PromError(
+                PromReason.AUTH_FAILED, f"HTTP {resp.status_code}: check prometheus.auth"
+            )
         try:
             body = resp.json()
         except ValueError:
@@ -138,12 +133,12 @@ class PromClient:
         if isinstance(body, Mapping) and body.get("status") == "error" and "errorType" in body:
             # Prometheus answers 400/422 with errorType/error for bad PromQL.
             kind = _cut(body["errorType"])
-            reason = TIMEOUT if kind == "timeout" else QUERY_ERROR
+            reason = PromReason.TIMEOUT if kind == "timeout" else PromReason.QUERY_ERROR
             raise PromError(reason, _cut(f"{kind}: {body.get('error', '')}"))
         if resp.status_code != 200:
-            raise PromError(HTTP_ERROR, f"HTTP {resp.status_code}")
+            raise PromError(PromReason.HTTP_ERROR, f"HTTP {resp.status_code}")
         if not isinstance(body, Mapping) or not isinstance(body.get("data"), Mapping):
-            raise PromError(BAD_RESPONSE, "the answer is not Prometheus' query API")
+            raise PromError(PromReason.BAD_RESPONSE, "the answer is not Prometheus' query API")
         return dict(body["data"])
 
     async def query_value(self, promql: str, at: datetime | None = None) -> float:
@@ -154,18 +149,20 @@ class PromClient:
             value = result
         elif kind == "vector":
             if not result:
-                raise PromError(NO_DATA, f"no series for {promql!r}")
+                raise PromError(PromReason.NO_DATA, f"no series for {promql!r}")
             if len(result) > 1:
-                raise PromError(AMBIGUOUS, f"{len(result)} series for {promql!r}; aggregate it")
+                raise PromError(
+                    PromReason.AMBIGUOUS, f"{len(result)} series for {promql!r}; aggregate it"
+                )
             value = result[0].get("value")
         else:
-            raise PromError(BAD_RESPONSE, _cut(f"result type {kind!r} for {promql!r}"))
+            raise PromError(PromReason.BAD_RESPONSE, _cut(f"result type {kind!r} for {promql!r}"))
         try:
             number = float(value[1])  # type: ignore[index]
         except (TypeError, ValueError, IndexError) as exc:
-            raise PromError(BAD_RESPONSE, _cut(f"unreadable value {value!r}")) from exc
+            raise PromError(PromReason.BAD_RESPONSE, _cut(f"unreadable value {value!r}")) from exc
         if not math.isfinite(number):
-            raise PromError(NOT_A_NUMBER, f"{promql!r} = {number}")
+            raise PromError(PromReason.NOT_A_NUMBER, f"{promql!r} = {number}")
         return number
 
     async def query_many(

@@ -7,30 +7,36 @@ client (client.py) so the pure query code can name them without the HTTP client.
 
 from __future__ import annotations
 
-UNREACHABLE = "PrometheusUnreachable"
-TIMEOUT = "PrometheusTimeout"
-HTTP_ERROR = "PrometheusHTTPError"
-BAD_RESPONSE = "PrometheusBadResponse"
-QUERY_ERROR = "QueryError"
-NO_DATA = "NoData"
-NOT_A_NUMBER = "NotANumber"
-AMBIGUOUS = "AmbiguousResult"
-INVALID_URL = "InvalidPrometheusURL"
-AUTH_FAILED = "PrometheusAuthFailed"
-NO_CREDENTIALS = "PrometheusCredentialsUnavailable"
+from enum import StrEnum, unique
+
+
+@unique
+class PromReason(StrEnum):
+    UNREACHABLE = "PrometheusUnreachable"
+    TIMEOUT = "PrometheusTimeout"
+    HTTP_ERROR = "PrometheusHTTPError"
+    BAD_RESPONSE = "PrometheusBadResponse"
+    QUERY_ERROR = "QueryError"
+    NO_DATA = "NoData"
+    NOT_A_NUMBER = "NotANumber"
+    AMBIGUOUS = "AmbiguousResult"
+    INVALID_URL = "InvalidPrometheusURL"
+    AUTH_FAILED = "PrometheusAuthFailed"
+    NO_CREDENTIALS = "PrometheusCredentialsUnavailable"
+
 
 # Errors that say nothing about the series, only about reaching Prometheus:
 # one of these makes a whole sample unusable.
 TRANSPORT_REASONS = frozenset(
     {
-        UNREACHABLE,
-        TIMEOUT,
-        HTTP_ERROR,
-        BAD_RESPONSE,
-        QUERY_ERROR,
-        INVALID_URL,
-        AUTH_FAILED,
-        NO_CREDENTIALS,
+        PromReason.UNREACHABLE,
+        PromReason.TIMEOUT,
+        PromReason.HTTP_ERROR,
+        PromReason.BAD_RESPONSE,
+        PromReason.QUERY_ERROR,
+        PromReason.INVALID_URL,
+        PromReason.AUTH_FAILED,
+        PromReason.NO_CREDENTIALS,
     }
 )
 

@@ -29,15 +29,16 @@ from slimspec_operator.resource.queries import (
     QueryDef,
 )
 from slimspec_operator.resource.spec import TuningView
-from slimspec_operator.tuning.predictions import ACCEPTANCE_LOSS, HEAD_SHARE_TOO_SMALL, Predictions
-from slimspec_operator.tuning.prometheus.errors import BAD_RESPONSE, NO_DATA, PromError
+from slimspec_operator.tuning.predictions import Predictions
+from slimspec_operator.tuning.prometheus.errors import PromError, PromReason
+from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.types import Sample
 
 # The engines' reasons (label of slimspec_compression_can_help_info) as
 # condition reasons; `helps` and `not_measured` say nothing about a "cannot".
 ENGINE_REASONS = {
-    "head_share_small": HEAD_SHARE_TOO_SMALL,
-    "acceptance_loss": ACCEPTANCE_LOSS,
+    "head_share_small": Reason.HEAD_SHARE_TOO_SMALL,
+    "acceptance_loss": Reason.ACCEPTANCE_LOSS,
 }
 ENGINE_NOT_A_REASON = frozenset({"helps", "not_measured", ""})
 
@@ -83,18 +84,20 @@ def vector_values(data: Mapping[str, Any], label: str, promql: str) -> dict[str,
     series left is NoData.
     """
     if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
-        raise PromError(BAD_RESPONSE, f"result type {data.get('resultType')!r} for {promql!r}")
+        raise PromError(
+            PromReason.BAD_RESPONSE, f"result type {data.get('resultType')!r} for {promql!r}"
+        )
     out: dict[str, float] = {}
     for series in data["result"]:
         try:
             key = str((series.get("metric") or {}).get(label, ""))
             value = float(series["value"][1])
         except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
-            raise PromError(BAD_RESPONSE, f"unreadable series {series!r}") from exc
+            raise PromError(PromReason.BAD_RESPONSE, f"unreadable series {series!r}") from exc
         if math.isfinite(value):
             out[key] = value
     if not out:
-        raise PromError(NO_DATA, f"no series for {promql!r}")
+        raise PromError(PromReason.NO_DATA, f"no series for {promql!r}")
     return out
 
 
