@@ -28,18 +28,16 @@ targets keep SDPA), so the fp32 output stays exact.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import TypedDict
 
 import torch
 
+from slimspec.cpu import clib
 from slimspec.cpu.native_format import (
     GROUP,
     QUANT_BITS,
@@ -51,7 +49,6 @@ from slimspec.cpu.native_format import (
     quantize,
     reference,
 )
-from slimspec.paths import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +69,7 @@ BF16_CPU_FLAG = "avx512_bf16"
 ENV_SWITCH = "SLIMSPEC_NATIVE_KERNELS"
 # Libraries compiled ahead of time for this source (the engine image's build stage; its
 # runtime stage has no compiler), named by prebuilt_name().
-PREBUILT_DIR_ENV = "SLIMSPEC_KERNELS_DIR"
+PREBUILT_DIR_ENV = clib.PREBUILT_DIR_ENV
 PROLOGUE_RMSNORM, PROLOGUE_SILU_GATE = 1, 2  # csrc/draft_kernels.c
 
 _lock = threading.Lock()
@@ -86,62 +83,37 @@ class _Decided(TypedDict, total=False):
 _loaded: _Decided = {}
 
 
-def _cpu_flags(cpuinfo: str | None) -> set[str]:
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def cpu_supported(cpuinfo: str | None = None) -> bool:
     """True when the CPU reports every AVX512 extension the kernel is compiled for."""
-    flags = _cpu_flags(cpuinfo)
+    flags = clib.cpu_flags(cpuinfo)
     return all(f in flags for f in REQUIRED_CPU_FLAGS)
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     """True when the CPU also has AVX512-BF16 (the bf16-weight kernel's vdpbf16ps)."""
-    return BF16_CPU_FLAG in _cpu_flags(cpuinfo)
+    return BF16_CPU_FLAG in clib.cpu_flags(cpuinfo)
 
 
 def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
+    return clib.compiler()
 
 
 def library_path(cc: str) -> Path:
     """Where the build for this source and compiler lives (a new source builds anew)."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *CFLAGS)).encode()).hexdigest()
-    return cache_root() / "kernels" / f"draft_kernels-{key[:16]}.so"
+    return clib.library_path(SOURCE, cc, CFLAGS)
 
 
 def prebuilt_name() -> str:
-    """The file name of an ahead-of-time build of this source and flags: a library
-    built from another source (another weight layout) never matches."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()
-    return f"draft_kernels-src-{key[:16]}.so"
+    """The file name of an ahead-of-time build of this source and flags (clib.prebuilt_name)."""
+    return clib.prebuilt_name(SOURCE, CFLAGS)
 
 
 def _prebuilt() -> Path | None:
-    folder = os.environ.get(PREBUILT_DIR_ENV)
-    path = Path(folder) / prebuilt_name() if folder else None
-    return path if path is not None and path.is_file() else None
+    return clib.prebuilt(SOURCE, CFLAGS)
 
 
 def _build(cc: str, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_so = Path(tmp) / out.name
-        cmd = [cc, *CFLAGS, "-shared", "-fPIC", str(SOURCE), "-o", str(tmp_so), "-lm"]
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
-        os.replace(tmp_so, out)  # atomic: a concurrent builder never loads a partial file
+    clib.build(cc, SOURCE, CFLAGS, out)
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -1,0 +1,547 @@
+// Matmuls straight from GGUF weight blocks (the target in its weights' own form).
+//
+// Why: the default target ships as Q4_K_M GGUF blocks (Q4_K, Q6_K, ...). Dequantised to
+// bf16 it reads about three times the bytes a verification needs; here each weight
+// block is unpacked in registers and multiplied with int8-quantised activation rows
+// (the same scheme llama.cpp's CPU backend uses: activations in blocks of 256 for the
+// K-quants, 32 for the 32-wide types), so a step reads the file's bytes once.
+//
+// Exactness across batch shapes: every output y[m][n] is computed by the same sequence
+// of operations whatever M is and however rows are grouped: integer sums inside a
+// block (exact), then per lane one FMA per block in block order, and the lanes added
+// in one fixed order (see "Lanes" below), the same in every code path. So a position's logits do not depend on how many rows
+// are verified beside it, and the scalar and AVX2 paths give bit-identical results
+// (tests/engine/test_gguf_kernels.py checks both). Build with -ffp-contract=off so the
+// compiler cannot fuse the float update differently in different places.
+//
+// Layouts (ggml's, as the GGUF file stores them; one weight row is K/QK values' blocks):
+//   Q4_K (256 values, 144 B): fp16 d, fp16 dmin, 12 B packed 6-bit scales/mins, 128 B
+//         nibbles; value = d*sc*q - dmin*m, q in 0..15, 8 sub-blocks of 32.
+//   Q6_K (256 values, 210 B): 128 B low nibbles, 64 B high 2-bit pairs, 16 int8 scales,
+//         fp16 d; value = d*sc*(q-32), q in 0..63, 16 sub-blocks of 16.
+//   Q8_0 (32 values, 34 B): fp16 d, 32 int8; value = d*q.
+// Activations: q8 (M, K) int8 in [-127, 127], dx (M, K/block) float scales,
+// bsum (M, K/16) int16 sums of 16 consecutive q8 values (the K-quants' offset terms).
+#include <math.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+enum { TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q6_K = 14 };  // ggml_type values
+enum { QK_K = 256, QK8_0 = 32, ROW_GROUP = 4, M_CHUNK = 32 };
+
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qs[128];
+} block_q4_K;
+typedef struct {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];
+    uint16_t d;
+} block_q6_K;
+typedef struct {
+    uint16_t d;
+    int8_t qs[32];
+} block_q8_0;
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  // subnormal: normalise
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+int block_values(int type) {
+    return type == TYPE_Q8_0 ? QK8_0 : (type == TYPE_Q4_K || type == TYPE_Q6_K) ? QK_K : 0;
+}
+
+int block_bytes(int type) {
+    switch (type) {
+        case TYPE_Q8_0: return (int)sizeof(block_q8_0);
+        case TYPE_Q4_K: return (int)sizeof(block_q4_K);
+        case TYPE_Q6_K: return (int)sizeof(block_q6_K);
+        default: return 0;
+    }
+}
+
+// Activation block size a weight type is multiplied with.
+int activation_block(int type) { return type == TYPE_Q8_0 ? QK8_0 : QK_K; }
+
+// Quantise M rows of K floats (row stride lda) to int8 in blocks of `block` values.
+int quantize_rows_q8(const float *x, int64_t M, int64_t K, int64_t lda, int block, int8_t *q,
+                     float *dx, int16_t *bsum) {
+    if ((block != 32 && block != 256) || K % block) return -1;
+    const int64_t nb = K / block;
+#pragma omp parallel for schedule(static) if (M > 1)
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * lda;
+        int8_t *qr = q + m * K;
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = xr + b * block;
+            float amax = 0.0f;
+            for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(xb[i]));
+            const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            dx[m * nb + b] = d;
+            for (int i = 0; i < block; i++) {
+                int v = (int)lrintf(xb[i] * id);
+                qr[b * block + i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+            }
+        }
+        for (int64_t g = 0; g < K / 16; g++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += qr[g * 16 + i];
+            bsum[m * (K / 16) + g] = (int16_t)s;
+        }
+    }
+    return 0;
+}
+
+// Lanes: the AVX2 code keeps 8 float accumulators per output; lane j of a 32-value
+// chunk sums values 4j..4j+3 (what vpmaddubsw + vpmaddwd pair up). Each block adds its
+// exact integer lane sums times (activation scale x weight scale) with one FMA per lane,
+// and the 8 lanes are added in one fixed order at the end. The portable code does the
+// same lane by lane (fmaf), so both paths give the same bits.
+#define LANES 8
+
+static inline float lanes_total(const float *a) {
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+static inline void q4k_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// ---------------------------------------------------------------- portable paths
+
+static void q4k_row_scalar(const block_q4_K *w, int64_t nb, const int8_t *q, const float *dx,
+                           const int16_t *bsum, float *out) {
+    float acc[LANES] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], mn[8];
+        q4k_scales(w[b].scales, sc, mn);
+        const int8_t *qb = q + b * QK_K;
+        const int16_t *bs = bsum + b * 16;
+        const float dd = dx[b] * half_to_float(w[b].d), dm = dx[b] * half_to_float(w[b].dmin);
+        for (int j = 0; j < LANES; j++) {
+            int32_t s = 0;
+            for (int c = 0; c < 4; c++) {
+                int32_t lo = 0, hi = 0;
+                for (int i = 4 * j; i < 4 * j + 4; i++) {
+                    lo += (w[b].qs[32 * c + i] & 0xF) * qb[64 * c + i];
+                    hi += (w[b].qs[32 * c + i] >> 4) * qb[64 * c + 32 + i];
+                }
+                s += lo * sc[2 * c] + hi * sc[2 * c + 1];
+            }
+            const int32_t m = mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+            acc[j] = fmaf((float)s, dd, acc[j]);
+            acc[j] = fmaf(-(float)m, dm, acc[j]);
+        }
+    }
+    *out = lanes_total(acc);
+}
+
+static void q6k_row_scalar(const block_q6_K *w, int64_t nb, const int8_t *q, const float *dx,
+                           const int16_t *bsum, float *out) {
+    float acc[LANES] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const int8_t *qb = q + b * QK_K;
+        const int16_t *bs = bsum + b * 16;
+        const float dd = dx[b] * half_to_float(w[b].d);
+        for (int lane = 0; lane < LANES; lane++) {
+            const int half = lane >= 4, l4 = 4 * (lane & 3) + 16 * half;  // bytes l4..l4+3
+            int32_t s = 0;
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = w[b].ql + 64 * h, *qh = w[b].qh + 32 * h;
+                const int8_t *sc = w[b].scales + 8 * h;
+                const int8_t *x = qb + 128 * h;
+                int32_t p[4] = {0};
+                for (int l = l4; l < l4 + 4; l++) {
+                    p[0] += ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) * x[l];
+                    p[1] += ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) * x[l + 32];
+                    p[2] += ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) * x[l + 64];
+                    p[3] += ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) * x[l + 96];
+                }
+                for (int j = 0; j < 4; j++) s += sc[2 * j + half] * p[j];
+            }
+            const int32_t o = w[b].scales[2 * lane] * bs[2 * lane] +
+                              w[b].scales[2 * lane + 1] * bs[2 * lane + 1];
+            acc[lane] = fmaf((float)(s - 32 * o), dd, acc[lane]);
+        }
+    }
+    *out = lanes_total(acc);
+}
+
+static void q80_row_scalar(const block_q8_0 *w, int64_t nb, const int8_t *q, const float *dx,
+                           float *out) {
+    float acc[LANES] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const float dd = dx[b] * half_to_float(w[b].d);
+        for (int j = 0; j < LANES; j++) {
+            int32_t s = 0;
+            for (int i = 4 * j; i < 4 * j + 4; i++) s += w[b].qs[i] * q[b * 32 + i];
+            acc[j] = fmaf((float)s, dd, acc[j]);
+        }
+    }
+    *out = lanes_total(acc);
+}
+
+#if defined(__AVX2__)
+// ---------------------------------------------------------------- AVX2 paths
+// One weight row against ROWS activation rows (a compile-time 1..4, so the
+// accumulators stay in registers): the weight's nibbles are unpacked once per 32
+// values and multiplied with each row (vpmaddubsw u8 x s8 -> s16, vpmaddwd -> s32).
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE float hsum_lanes(__m256 v) {
+    float a[LANES];
+    _mm256_storeu_ps(a, v);
+    return lanes_total(a);
+}
+
+ALWAYS_INLINE void q4k_rows_avx2(const block_q4_K *w, int64_t nb, const int ROWS,
+                                 const int8_t *q, int64_t K, const float *dx,
+                                 const int16_t *bsum, float *out, int64_t ldo) {
+    __m256 acc[4];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    const int64_t ndx = K / QK_K, nbs = K / 16;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], mn[8];
+        q4k_scales(w[b].scales, sc, mn);
+        // mins as int16 pairs (m0,m0,m1,m1,...): one vpmaddwd with the 16 bsums
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
+            _mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
+        __m256i s32[4];
+        for (int r = 0; r < ROWS; r++) s32[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(bits, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+            const __m256i sclo = _mm256_set1_epi16(sc[2 * c]), schi = _mm256_set1_epi16(sc[2 * c + 1]);
+            for (int r = 0; r < ROWS; r++) {
+                const int8_t *x = q + r * K + b * QK_K + 64 * c;
+                const __m256i pl = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), sclo);
+                const __m256i ph = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), schi);
+                s32[r] = _mm256_add_epi32(s32[r], _mm256_add_epi32(pl, ph));
+            }
+        }
+        const float d = half_to_float(w[b].d), dmin = half_to_float(w[b].dmin);
+        for (int r = 0; r < ROWS; r++) {
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)(bsum + r * nbs + b * 16));
+            const __m256i m32 = _mm256_madd_epi16(bs, mins);
+            const float x_scale = dx[r * ndx + b];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]), _mm256_set1_ps(x_scale * d), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m32), _mm256_set1_ps(x_scale * dmin), acc[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) out[r * ldo] = hsum_lanes(acc[r]);
+}
+
+ALWAYS_INLINE void q6k_rows_avx2(const block_q6_K *w, int64_t nb, const int ROWS,
+                                 const int8_t *q, int64_t K, const float *dx,
+                                 const int16_t *bsum, float *out, int64_t ldo) {
+    __m256 acc[4];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
+    const int64_t ndx = K / QK_K, nbs = K / 16;
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
+        __m256i s32[4];
+        for (int r = 0; r < ROWS; r++) s32[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w[b].ql + 64 * h, *qh = w[b].qh + 32 * h;
+            const int8_t *sc = w[b].scales + 8 * h;
+            const __m256i a = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i bb = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i v[4], scv[4];
+            v[0] = _mm256_or_si256(_mm256_and_si256(a, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
+            v[1] = _mm256_or_si256(_mm256_and_si256(bb, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bb, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+            for (int j = 0; j < 4; j++)  // values 0-15 of part j use sc[2j], 16-31 sc[2j+1]
+                scv[j] = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * j]), _mm_set1_epi16(sc[2 * j + 1]));
+            for (int r = 0; r < ROWS; r++) {
+                const int8_t *x = q + r * K + b * QK_K + 128 * h;
+                for (int j = 0; j < 4; j++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * j));
+                    s32[r] = _mm256_add_epi32(
+                        s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(v[j], xv), scv[j]));
+                }
+            }
+        }
+        const float d = half_to_float(w[b].d);
+        for (int r = 0; r < ROWS; r++) {
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)(bsum + r * nbs + b * 16));
+            const __m256i o32 = _mm256_madd_epi16(bs, scales16);  // the -32 offsets
+            const __m256i t = _mm256_sub_epi32(s32[r], _mm256_slli_epi32(o32, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(dx[r * ndx + b] * d), acc[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) out[r * ldo] = hsum_lanes(acc[r]);
+}
+
+ALWAYS_INLINE void q80_rows_avx2(const block_q8_0 *w, int64_t nb, const int ROWS,
+                                 const int8_t *q, int64_t K, const float *dx, float *out,
+                                 int64_t ldo) {
+    __m256 acc[4];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t ndx = K / QK8_0;
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        const __m256i aw = _mm256_sign_epi8(wv, wv);  // |w| as u8 (w >= -127 in Q8_0)
+        const float d = half_to_float(w[b].d);
+        for (int r = 0; r < ROWS; r++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(q + r * K + b * QK8_0));
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dx[r * ndx + b] * d), acc[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) out[r * ldo] = hsum_lanes(acc[r]);
+}
+
+#define BY_ROWS(fn, rows, ...)                   \
+    switch (rows) {                              \
+        case 4: fn(__VA_ARGS__, 4); break;       \
+        case 3: fn(__VA_ARGS__, 3); break;       \
+        case 2: fn(__VA_ARGS__, 2); break;       \
+        default: fn(__VA_ARGS__, 1); break;      \
+    }
+static void q4k_avx2(const block_q4_K *w, int64_t nb, int rows, const int8_t *q, int64_t K,
+                     const float *dx, const int16_t *bsum, float *out, int64_t ldo) {
+#define Q4K(w_, nb_, q_, K_, dx_, bs_, out_, ldo_, R) q4k_rows_avx2(w_, nb_, R, q_, K_, dx_, bs_, out_, ldo_)
+    BY_ROWS(Q4K, rows, w, nb, q, K, dx, bsum, out, ldo)
+}
+static void q6k_avx2(const block_q6_K *w, int64_t nb, int rows, const int8_t *q, int64_t K,
+                     const float *dx, const int16_t *bsum, float *out, int64_t ldo) {
+#define Q6K(w_, nb_, q_, K_, dx_, bs_, out_, ldo_, R) q6k_rows_avx2(w_, nb_, R, q_, K_, dx_, bs_, out_, ldo_)
+    BY_ROWS(Q6K, rows, w, nb, q, K, dx, bsum, out, ldo)
+}
+static void q80_avx2(const block_q8_0 *w, int64_t nb, int rows, const int8_t *q, int64_t K,
+                     const float *dx, float *out, int64_t ldo) {
+#define Q80(w_, nb_, q_, K_, dx_, out_, ldo_, R) q80_rows_avx2(w_, nb_, R, q_, K_, dx_, out_, ldo_)
+    BY_ROWS(Q80, rows, w, nb, q, K, dx, out, ldo)
+}
+#endif
+
+int simd_path(void) {
+#if defined(__AVX2__)
+    return 2;
+#else
+    return 0;
+#endif
+}
+
+// One weight row against `rows` (<= ROW_GROUP) activation rows; out[r * ldo].
+static void weight_row(int type, const uint8_t *wrow, int64_t K, int rows, const int8_t *q,
+                       const float *dx, const int16_t *bsum, float *out, int64_t ldo,
+                       int scalar) {
+    const int64_t nb = K / block_values(type), ndx = K / activation_block(type);
+#if defined(__AVX2__)
+    if (!scalar) {
+        switch (type) {
+            case TYPE_Q4_K: q4k_avx2((const block_q4_K *)wrow, nb, rows, q, K, dx, bsum, out, ldo); return;
+            case TYPE_Q6_K: q6k_avx2((const block_q6_K *)wrow, nb, rows, q, K, dx, bsum, out, ldo); return;
+            case TYPE_Q8_0: q80_avx2((const block_q8_0 *)wrow, nb, rows, q, K, dx, out, ldo); return;
+        }
+    }
+#endif
+    (void)scalar;
+    for (int r = 0; r < rows; r++) {
+        const int8_t *qr = q + r * K;
+        const float *dr = dx + r * ndx;
+        const int16_t *br = bsum + r * (K / 16);
+        switch (type) {
+            case TYPE_Q4_K: q4k_row_scalar((const block_q4_K *)wrow, nb, qr, dr, br, out + r * ldo); break;
+            case TYPE_Q6_K: q6k_row_scalar((const block_q6_K *)wrow, nb, qr, dr, br, out + r * ldo); break;
+            case TYPE_Q8_0: q80_row_scalar((const block_q8_0 *)wrow, nb, qr, dr, out + r * ldo); break;
+        }
+    }
+}
+
+// y (M, N) float, row stride ldy: y[m][n] = x[m] . W[n] for N weight rows of GGUF blocks
+// of `type` (row_bytes each) and M activation rows quantised by quantize_rows_q8 with
+// activation_block(type). scalar != 0 forces the portable path (tests).
+int gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
+                const int8_t *q, const float *dx, const int16_t *bsum, int64_t M, float *y,
+                int64_t ldy, int scalar) {
+    const int bv = block_values(type);
+    if (!bv || K % bv || K % activation_block(type) || row_bytes != K / bv * block_bytes(type))
+        return -1;
+    const int64_t ndx = K / activation_block(type);
+    // Activation rows in chunks that stay in cache while every weight row passes by.
+    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
+        const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t r0 = 0; r0 < mc; r0 += ROW_GROUP) {
+                const int rows = (int)(mc - r0 < ROW_GROUP ? mc - r0 : ROW_GROUP);
+                const int64_t m = m0 + r0;
+                weight_row(type, w + n * row_bytes, K, rows, q + m * K, dx + m * ndx,
+                           bsum + m * (K / 16), y + m * ldy + n, ldy, scalar);
+            }
+        }
+    }
+    return 0;
+}
+
+// out (n, K) float: the dequantised rows `ids` of W (the embedding lookup of a tied
+// or quantised token table), value for value as ggml dequantises them.
+int gguf_dequant_rows(int type, const uint8_t *w, int64_t K, int64_t row_bytes,
+                      const int64_t *ids, int64_t n, float *out) {
+    const int bv = block_values(type);
+    if (!bv || K % bv || row_bytes != K / bv * block_bytes(type)) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *row = w + ids[i] * row_bytes;
+        float *y = out + i * K;
+        for (int64_t b = 0; b < K / bv; b++) {
+            if (type == TYPE_Q4_K) {
+                const block_q4_K *x = (const block_q4_K *)row + b;
+                uint8_t sc[8], mn[8];
+                q4k_scales(x->scales, sc, mn);
+                const float d = half_to_float(x->d), dmin = half_to_float(x->dmin);
+                for (int c = 0; c < 4; c++) {
+                    const float d1 = d * sc[2 * c], m1 = dmin * mn[2 * c];
+                    const float d2 = d * sc[2 * c + 1], m2 = dmin * mn[2 * c + 1];
+                    for (int l = 0; l < 32; l++) *y++ = d1 * (x->qs[32 * c + l] & 0xF) - m1;
+                    for (int l = 0; l < 32; l++) *y++ = d2 * (x->qs[32 * c + l] >> 4) - m2;
+                }
+            } else if (type == TYPE_Q6_K) {
+                const block_q6_K *x = (const block_q6_K *)row + b;
+                const float d = half_to_float(x->d);
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+                    const int8_t *sc = x->scales + 8 * h;
+                    for (int l = 0; l < 32; l++) {
+                        const int is = l / 16;
+                        y[l] = d * sc[is] * (((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                        y[l + 32] = d * sc[is + 2] * (((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                        y[l + 64] = d * sc[is + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                        y[l + 96] = d * sc[is + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                    }
+                    y += 128;
+                }
+            } else {
+                const block_q8_0 *x = (const block_q8_0 *)row + b;
+                const float d = half_to_float(x->d);
+                for (int l = 0; l < 32; l++) *y++ = d * x->qs[l];
+            }
+        }
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------- attention, row by row
+// Softmax attention of T query rows (grouped KV heads) computed one (row, head) at a
+// time with a fixed order over the keys: a row's output does not depend on how many
+// rows come with it (a GEMM over all rows at once picks its blocking by their count,
+// and the int8 activations of the next layer turn its last-bit differences into
+// different logits). q (B, T, Hq, d); k, v (B, Hkv, L, d); allowed (B, T, L) or NULL
+// for causal with the T queries the last T of the L keys; out (B, T, Hq, d).
+
+static inline float dot_f32(const float *a, const float *b, int64_t d) {
+    int64_t i = 0;
+    float s = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    s = _mm_cvtss_f32(h);
+#endif
+    for (; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline void axpy_f32(float *y, float a, const float *x, int64_t d) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    const __m256 av = _mm256_set1_ps(a);
+    for (; i + 8 <= d; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < d; i++) y[i] += a * x[i];
+}
+
+int attention_rows_f32(const float *q, const float *k, const float *v, const uint8_t *allowed,
+                       int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t L, int64_t d,
+                       float scale, float *out) {
+    if (Hkv <= 0 || Hq % Hkv || T > L) return -2;
+    const int64_t group = Hq / Hkv;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *s = (float *)malloc(sizeof(float) * (size_t)(L > 0 ? L : 1));
+        if (!s) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(3) schedule(static)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t h = 0; h < Hq; h++) {
+                    if (!s) continue;
+                    const float *qr = q + ((b * T + t) * Hq + h) * d;
+                    const float *kh = k + (b * Hkv + h / group) * L * d;
+                    const float *vh = v + (b * Hkv + h / group) * L * d;
+                    const uint8_t *ok = allowed ? allowed + (b * T + t) * L : NULL;
+                    const int64_t last = L - T + t;  // causal: keys 0..last
+                    float *o = out + ((b * T + t) * Hq + h) * d;
+                    float mx = -INFINITY;
+                    for (int64_t j = 0; j < L; j++) {
+                        const int seen = ok ? ok[j] != 0 : j <= last;
+                        s[j] = seen ? scale * dot_f32(qr, kh + j * d, d) : -INFINITY;
+                        if (s[j] > mx) mx = s[j];
+                    }
+                    for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
+                    if (mx == -INFINITY) continue;  // sees no key: zeros, as SDPA's -inf rows
+                    float sum = 0.0f;
+                    for (int64_t j = 0; j < L; j++) {
+                        if (s[j] == -INFINITY) continue;
+                        const float p = expf(s[j] - mx);
+                        sum += p;
+                        axpy_f32(o, p, vh + j * d, d);
+                    }
+                    const float inv = 1.0f / sum;
+                    for (int64_t i = 0; i < d; i++) o[i] *= inv;
+                }
+        free(s);
+    }
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,302 @@
+"""Linear layers and embedding lookups straight from GGUF weight blocks (csrc/gguf_kernels.c).
+
+`GGUFLinear` keeps a weight as the file ships it (Q4_K, Q6_K or Q8_0 blocks, one row of
+blocks per output feature) and multiplies int8-quantised activation rows with it inside
+the kernel; `GGUFEmbedding` dequantises only the looked-up rows. `q8_0_blocks` makes
+Q8_0 blocks from a dense weight: the `int8` target form of a model that comes as
+safetensors.
+
+The C source is compiled on first use (slimspec.cpu.clib): with AVX2/FMA where the CPU
+has them (every x86-64 CPU of the last decade: AMD and Intel alike), else as portable C,
+which `path()` names so the engine's log says which one runs. Every output value is
+computed by the same sequence of operations whatever the number of rows, so verifying
+k+1 positions or a batch gives each position the logits it gets alone (the header of
+the C file says how).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from slimspec.cpu import clib
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "gguf_kernels.c"
+BASE_CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
+AVX2_CFLAGS = (*BASE_CFLAGS, "-mavx2", "-mfma", "-mf16c")
+AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
+ENV_SWITCH = "SLIMSPEC_GGUF_KERNELS"  # 0: never load (tests of the fallback)
+
+# ggml_type values with a kernel (gguf.GGMLQuantizationType), and their block shapes.
+Q8_0, Q4_K, Q6_K = 8, 12, 14
+BLOCK_VALUES = {Q8_0: 32, Q4_K: 256, Q6_K: 256}
+BLOCK_BYTES = {Q8_0: 34, Q4_K: 144, Q6_K: 210}
+ACTIVATION_BLOCK = {Q8_0: 32, Q4_K: 256, Q6_K: 256}
+TYPE_NAMES = {Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+
+_lock = threading.Lock()
+_loaded: dict[str, Any] = {}
+
+
+def cflags(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """The flags this CPU's build uses: AVX2 where it has AVX2/FMA/F16C, else portable C."""
+    flags = clib.cpu_flags(cpuinfo)
+    return AVX2_CFLAGS if all(f in flags for f in AVX2_CPU_FLAGS) else BASE_CFLAGS
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.quantize_rows_q8.argtypes = [p, i64, i64, i64, i32, p, p, p]
+    lib.quantize_rows_q8.restype = i32
+    lib.gguf_matmul.argtypes = [i32, p, i64, i64, i64, p, p, p, i64, p, i64, i32]
+    lib.gguf_matmul.restype = i32
+    lib.gguf_dequant_rows.argtypes = [i32, p, i64, i64, p, i64, p]
+    lib.gguf_dequant_rows.restype = i32
+    lib.attention_rows_f32.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p]
+    lib.attention_rows_f32.restype = i32
+    lib.simd_path.argtypes = []
+    lib.simd_path.restype = i32
+    return lib
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled library, or None where it cannot be had (decided once, logged)."""
+    with _lock:
+        if "lib" not in _loaded:
+            _loaded["lib"] = _load_uncached()
+        return _loaded["lib"]
+
+
+def _load_uncached() -> ctypes.CDLL | None:
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    flags = cflags()
+    path, cc = clib.prebuilt(SOURCE, flags), clib.compiler()
+    if path is None and cc is None:
+        log.warning(
+            "GGUF kernels unavailable: no C compiler on PATH and no library built ahead for "
+            "this source in $%s",
+            clib.PREBUILT_DIR_ENV,
+        )
+        return None
+    try:
+        if path is None:
+            assert cc is not None
+            path = clib.library_path(SOURCE, cc, flags)
+            if not path.exists():
+                clib.build(cc, SOURCE, flags, path)
+        lib = _bind(ctypes.CDLL(str(path)))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("GGUF kernels unavailable: %s", getattr(exc, "stderr", None) or exc)
+        return None
+    return lib
+
+
+def path() -> str:
+    """Which code path the loaded library runs: 'avx2', 'portable', or 'unavailable'."""
+    lib = load()
+    if lib is None:
+        return "unavailable"
+    return "avx2" if lib.simd_path() == 2 else "portable"
+
+
+def supported(ggml_type: int, k: int) -> bool:
+    """True when a weight of this ggml type with rows of k values has a kernel."""
+    return ggml_type in BLOCK_VALUES and k % BLOCK_VALUES[ggml_type] == 0
+
+
+def _ptr(t: torch.Tensor | np.ndarray) -> int:
+    return int(t.data_ptr()) if isinstance(t, torch.Tensor) else int(t.ctypes.data)
+
+
+def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q8 int8 (M, K), dx float (M, K/block), bsum int16 (M, K/16)) of float rows x (M, K)."""
+    lib = _require()
+    x = x.float().contiguous()
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8)
+    dx = torch.empty(m, k // block, dtype=torch.float32)
+    bsum = torch.empty(m, k // 16, dtype=torch.int16)
+    rc = lib.quantize_rows_q8(_ptr(x), m, k, k, block, _ptr(q), _ptr(dx), _ptr(bsum))
+    if rc:
+        raise ValueError(f"cannot quantise rows of {k} values in blocks of {block}")
+    return q, dx, bsum
+
+
+def matmul(
+    ggml_type: int,
+    blocks: torch.Tensor,
+    k: int,
+    x: torch.Tensor,
+    *,
+    scalar: bool = False,
+    quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """x (M, K) float @ W.T -> (M, N) float32, W the (N, row_bytes) uint8 blocks.
+
+    `quantized` reuses quantize_rows(x, ACTIVATION_BLOCK[type]); `scalar` forces the
+    portable path (tests compare both)."""
+    lib = _require()
+    n, row_bytes = blocks.shape
+    q, dx, bsum = quantized or quantize_rows(x, ACTIVATION_BLOCK[ggml_type])
+    m = q.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    rc = lib.gguf_matmul(
+        ggml_type, _ptr(blocks), n, k, row_bytes, _ptr(q), _ptr(dx), _ptr(bsum), m, _ptr(y), n,
+        int(scalar),
+    )  # fmt: skip
+    if rc:
+        raise ValueError(f"GGUF matmul: type {ggml_type}, K={k}, row bytes {row_bytes} do not fit")
+    return y
+
+
+def dequantize_rows(
+    ggml_type: int, blocks: torch.Tensor, k: int, ids: torch.Tensor
+) -> torch.Tensor:
+    """The float32 rows `ids` (any shape) of W, as ggml dequantises them -> (*ids.shape, K)."""
+    lib = _require()
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    n_rows = blocks.shape[0]
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= n_rows):
+        raise IndexError(f"token id out of range for an embedding of {n_rows} rows")
+    out = torch.empty(flat.numel(), k, dtype=torch.float32)
+    rc = lib.gguf_dequant_rows(
+        ggml_type, _ptr(blocks), k, blocks.shape[1], _ptr(flat), flat.numel(), _ptr(out)
+    )
+    if rc:
+        raise ValueError(f"GGUF dequantise: type {ggml_type}, K={k} do not fit")
+    return out.reshape(*ids.shape, k)
+
+
+def attention_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Softmax attention one (row, head) at a time: q (B, T, Hq, d), k and v (B, Hkv, L,
+    d), allowed (B, T, L) bool or None for causal (the queries are the last T keys)
+    -> (B, T, Hq, d) float32. A row's output is the same whatever T is."""
+    lib = _require()
+    q = q.float().contiguous()
+    k = k.float().contiguous()
+    v = v.float().contiguous()
+    b, t, hq, d = q.shape
+    hkv, n_keys = k.shape[1], k.shape[2]
+    mask = None if allowed is None else allowed.to(torch.uint8).expand(b, t, n_keys).contiguous()
+    out = torch.empty(b, t, hq, d, dtype=torch.float32)
+    rc = lib.attention_rows_f32(
+        _ptr(q), _ptr(k), _ptr(v), None if mask is None else _ptr(mask),
+        b, t, hq, hkv, n_keys, d, float(scale), _ptr(out),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(
+            f"row attention failed (code {rc}): Hq={hq}, Hkv={hkv}, T={t}, L={n_keys}"
+        )
+    return out
+
+
+def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """Dense (N, K) weight -> (N, K/32*34) uint8 Q8_0 blocks, byte for byte what ggml's
+    quantiser writes (scale amax/127 stored as fp16, values rounded half away from
+    zero with the float32 scale): the `int8` target form."""
+    n, k = weight.shape
+    if k % 32:
+        raise ValueError(f"Q8_0 needs rows of a multiple of 32 values, got {k}")
+    w = weight.detach().float().reshape(n, k // 32, 32)
+    d = w.abs().amax(dim=-1, keepdim=True) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    scaled = w * inv
+    q = (scaled.sign() * torch.floor(scaled.abs() + 0.5)).to(torch.int8)
+    out = torch.empty(n, k // 32, 34, dtype=torch.uint8)
+    out[:, :, :2] = d.half().view(torch.uint8).reshape(n, k // 32, 2)
+    out[:, :, 2:] = q.view(torch.uint8)
+    return out.reshape(n, k // 32 * 34)
+
+
+def _require() -> ctypes.CDLL:
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the GGUF kernels could not be built or loaded here (see the log)")
+    return lib
+
+
+class GGUFLinear(nn.Module):
+    """y = x @ W.T (+ bias) with W kept as GGUF blocks (inference only).
+
+    `weight` is a one-element expanded placeholder that only reports the shape, dtype
+    and device callers read (the decoder reads the head's shape and dtype)."""
+
+    def __init__(
+        self,
+        ggml_type: int,
+        blocks: torch.Tensor,
+        in_features: int,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        if not supported(ggml_type, in_features):
+            raise ValueError(f"no GGUF kernel for type {ggml_type} with rows of {in_features}")
+        n, row_bytes = blocks.shape
+        expected = in_features // BLOCK_VALUES[ggml_type] * BLOCK_BYTES[ggml_type]
+        if blocks.dtype != torch.uint8 or row_bytes != expected:
+            raise ValueError(f"blocks must be uint8 (N, {expected}), got {tuple(blocks.shape)}")
+        self.ggml_type = ggml_type
+        self.in_features = in_features
+        self.out_features = n
+        self.blocks = blocks
+        self.bias = None if bias is None else bias.detach().float()
+        self.weight = nn.Parameter(torch.zeros(1, dtype=dtype).expand(n, in_features), False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = matmul(self.ggml_type, self.blocks, self.in_features, x.reshape(-1, self.in_features))
+        if self.bias is not None:
+            y += self.bias
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def nbytes(self) -> int:
+        return self.blocks.numel() + (0 if self.bias is None else self.bias.numel() * 4)
+
+    def extra_repr(self) -> str:
+        name = TYPE_NAMES[self.ggml_type]
+        return f"in_features={self.in_features}, out_features={self.out_features}, blocks={name}"
+
+
+class GGUFEmbedding(nn.Module):
+    """Token embeddings kept as GGUF blocks: a lookup dequantises only the rows it needs."""
+
+    def __init__(
+        self, ggml_type: int, blocks: torch.Tensor, embedding_dim: int, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        if not supported(ggml_type, embedding_dim):
+            raise ValueError(f"no GGUF kernel for type {ggml_type} with rows of {embedding_dim}")
+        self.ggml_type = ggml_type
+        self.blocks = blocks
+        self.num_embeddings = blocks.shape[0]
+        self.embedding_dim = embedding_dim
+        self.dtype = dtype
+        self.weight = nn.Parameter(
+            torch.zeros(1, dtype=dtype).expand(blocks.shape[0], embedding_dim), False
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = dequantize_rows(self.ggml_type, self.blocks, self.embedding_dim, ids)
+        return rows.to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, blocks={TYPE_NAMES[self.ggml_type]}"

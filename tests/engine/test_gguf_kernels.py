@@ -1,0 +1,143 @@
+"""The GGUF block kernels (cpu/csrc/gguf_kernels.c) against gguf's own reference code.
+
+Random blocks of every type with a kernel (Q4_K, Q6_K, Q8_0) are dequantised by the
+`gguf` package (the code llama.cpp's converter ships); the kernels' matmul must equal
+the float64 product of those weights with the int8-quantised activations (up to float32
+rounding), the AVX2 and portable paths must agree bit for bit, and a row's output must
+not depend on how many rows come with it (what makes verification exact in bf16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from slimspec.cpu import gguf_kernels as gk
+
+pytestmark = pytest.mark.skipif(gk.load() is None, reason="no C compiler here")
+TYPES = (gk.Q4_K, gk.Q6_K, gk.Q8_0)
+
+
+def random_blocks(ggml_type: int, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Valid random blocks: random bytes, with small positive fp16 scales."""
+    rng = np.random.default_rng(seed)
+    nb, bb = k // gk.BLOCK_VALUES[ggml_type], gk.BLOCK_BYTES[ggml_type]
+    raw = rng.integers(0, 256, size=(n, nb, bb), dtype=np.uint8)
+
+    def halves(count: int) -> np.ndarray:
+        values = np.abs(rng.standard_normal((n, nb, count))) * 0.01
+        return values.astype(np.float16).view(np.uint8).reshape(n, nb, 2 * count)
+
+    if ggml_type == gk.Q4_K:
+        raw[:, :, 0:4] = halves(2)  # d, dmin
+    elif ggml_type == gk.Q6_K:
+        raw[:, :, 208:210] = halves(1)  # d (last)
+    else:
+        raw[:, :, 0:2] = halves(1)
+        body = raw[:, :, 2:]
+        body[body == 128] = 129  # ggml's Q8_0 values are within [-127, 127]
+    return raw.reshape(n, nb * bb)
+
+
+def dequantized(blocks: np.ndarray, ggml_type: int, k: int) -> np.ndarray:
+    out = quants.dequantize(blocks, GGMLQuantizationType(ggml_type))
+    return out.astype(np.float64).reshape(blocks.shape[0], k)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 512), (5, 33, 1536), (37, 17, 768)])
+def test_matmul_equals_the_dequantised_product(ggml_type, m, n, k):
+    blocks = random_blocks(ggml_type, n, k)
+    w = dequantized(blocks, ggml_type, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
+    block = gk.ACTIVATION_BLOCK[ggml_type]
+    q, dx, _ = gk.quantize_rows(x, block)
+    x_hat = (q.double().reshape(m, k // block, block) * dx.double()[..., None]).reshape(m, k)
+    want = x_hat.numpy() @ w.T
+    got = gk.matmul(ggml_type, torch.from_numpy(blocks), k, x).numpy()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    # and the int8 activations are close to the float ones (the kernel's only rounding)
+    exact = x.double().numpy() @ w.T
+    assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_avx2_and_portable_paths_agree_bit_for_bit(ggml_type):
+    if gk.path() != "avx2":
+        pytest.skip(f"this CPU runs the {gk.path()} path only")
+    blocks = torch.from_numpy(random_blocks(ggml_type, 40, 1024, seed=3))
+    x = torch.randn(13, 1024)
+    simd = gk.matmul(ggml_type, blocks, 1024, x)
+    portable = gk.matmul(ggml_type, blocks, 1024, x, scalar=True)
+    assert torch.equal(simd, portable)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_a_rows_output_does_not_depend_on_its_batch_mates(ggml_type):
+    blocks = torch.from_numpy(random_blocks(ggml_type, 48, 512, seed=5))
+    x = torch.randn(70, 512)  # more than one cache chunk of rows, partial row groups
+    full = gk.matmul(ggml_type, blocks, 512, x)
+    for lo, hi in [(0, 1), (3, 4), (5, 9), (31, 37), (66, 70)]:
+        assert torch.equal(gk.matmul(ggml_type, blocks, 512, x[lo:hi]), full[lo:hi])
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_dequantised_rows_are_ggmls_values(ggml_type):
+    blocks = random_blocks(ggml_type, 20, 512, seed=7)
+    ids = torch.tensor([[0, 19], [7, 7]])
+    got = gk.dequantize_rows(ggml_type, torch.from_numpy(blocks), 512, ids)
+    want = dequantized(blocks, ggml_type, 512).astype(np.float32)[ids.numpy()]
+    assert got.shape == (2, 2, 512) and np.array_equal(got.numpy(), want)
+    with pytest.raises(IndexError):
+        gk.dequantize_rows(ggml_type, torch.from_numpy(blocks), 512, torch.tensor([20]))
+
+
+def test_q8_0_blocks_are_byte_for_byte_ggmls():
+    w = torch.randn(24, 320) * 0.05
+    w[3, :32] = 0.0  # an all-zero block: scale 0, values 0
+    ours = gk.q8_0_blocks(w).numpy()
+    theirs = quants.quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+    assert np.array_equal(ours, theirs)
+
+
+def test_shapes_that_do_not_fit_are_refused():
+    blocks = torch.from_numpy(random_blocks(gk.Q4_K, 4, 512))
+    with pytest.raises(ValueError):
+        gk.matmul(gk.Q4_K, blocks, 256, torch.randn(2, 256))  # row bytes of K=512
+    with pytest.raises(ValueError):
+        gk.quantize_rows(torch.randn(2, 100), 32)
+    with pytest.raises(ValueError):
+        gk.GGUFLinear(gk.Q4_K, blocks, 500, None, torch.float32)
+    assert not gk.supported(2, 512)  # Q4_0: no kernel (auto serves such files dense)
+
+
+def reference_attention(q, k, v, allowed):
+    """Plain float64 softmax attention with grouped KV heads."""
+    _, _, hq, d = q.shape
+    group = hq // k.shape[1]
+    kk = k.double().repeat_interleave(group, dim=1)  # (B, Hq, L, d)
+    vv = v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("bthd,bhld->bhtl", q.double(), kk) * d**-0.5
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    return torch.einsum("bhtl,bhld->bthd", scores.softmax(-1), vv)
+
+
+def test_row_attention_matches_softmax_attention_and_is_row_independent():
+    g = torch.Generator().manual_seed(0)
+    b, t, hq, hkv, n_keys, d = 2, 5, 8, 2, 23, 64
+    q = torch.randn(b, t, hq, d, generator=g)
+    k = torch.randn(b, hkv, n_keys, d, generator=g)
+    v = torch.randn(b, hkv, n_keys, d, generator=g)
+    causal = torch.ones(t, n_keys, dtype=torch.bool).tril(n_keys - t).expand(b, t, n_keys).clone()
+    causal[1, :, :4] = False  # holes in one row's cache (a batch's padding)
+    got = gk.attention_rows(q, k, v, causal, d**-0.5)
+    assert torch.allclose(got.double(), reference_attention(q, k, v, causal), atol=1e-5)
+    # NULL mask = causal with the queries at the end
+    plain = torch.ones(t, n_keys, dtype=torch.bool).tril(n_keys - t).expand(b, t, n_keys)
+    assert torch.equal(
+        gk.attention_rows(q, k, v, None, d**-0.5), gk.attention_rows(q, k, v, plain, d**-0.5)
+    )
+    # one query row alone gives the same bits as inside the block of five
+    for row in range(t):
+        alone = gk.attention_rows(q[:, row : row + 1], k, v, causal[:, row : row + 1], d**-0.5)
+        assert torch.equal(alone, got[:, row : row + 1])
