@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from slimspec_operator.kube import client as kube_module
-from slimspec_operator.kube.client import ApiError, Kube
+from slimspec_operator.kube.client import FIELD_MANAGER, ApiError, Kube
 from slimspec_operator.rollout import handlers
 from slimspec_operator.rollout.reconcile import reconcile
 
@@ -34,13 +34,19 @@ class RacingKube(Kube):
         self.admin = api
         self.raced = False
 
-    def apply(self, manifest: Mapping[str, Any], subresource: str | None = None) -> dict[str, Any]:
+    def apply(
+        self,
+        manifest: Mapping[str, Any],
+        subresource: str | None = None,
+        *,
+        manager: str = FIELD_MANAGER,
+    ) -> dict[str, Any]:
         if subresource == "status" and not self.raced:
             self.raced = True
             self.admin.custom.patch_namespaced_custom_object_status(
                 G, V, self.admin.ns, P, "chat", {"status": {"failedVersion": "set-by-user"}}
             )
-        return super().apply(manifest, subresource)
+        return super().apply(manifest, subresource, manager=manager)
 
 
 def test_status_write_from_a_stale_read_conflicts_and_keeps_the_other_write(

@@ -9,7 +9,7 @@ a no-op and fields other managers own (HPA, the other writer) are left alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kubernetes import client, config
@@ -30,6 +30,9 @@ from slimspec_operator.contract import (
 )
 
 FIELD_MANAGER = OPERATOR_FIELD_MANAGER
+# Immediate re-reads when a conditional status write loses a race (the tuner,
+# the reconciler or a user wrote the object since it was read).
+CONFLICT_RETRIES = 3
 
 # kind -> (API prefix, plural); everything the operator writes is namespaced.
 _PATHS: dict[str, tuple[str, str]] = {
@@ -173,6 +176,31 @@ class Kube:
                 return False
             raise
 
+    def apply_status(
+        self,
+        read: Mapping[str, Any],
+        status: Mapping[str, Any],
+        *,
+        manager: str,
+        resource_version: str | None = None,
+    ) -> str | None:
+        """Apply one writer's status fields of the SlimSpecService `read` (its
+        metadata: name, namespace, resourceVersion); returns the new resourceVersion.
+
+        The write is conditional on the resourceVersion the status was computed
+        from (`resource_version`, else the one in `read`): 409 when the object
+        changed since, so a field someone removed meanwhile (`kubectl patch
+        --subresource=status` dropping failedTemplateHash to retry a rollout) is
+        never put back from a stale read. `conflict_retries` re-runs the caller.
+        """
+        meta: dict[str, Any] = {"name": read["name"], "namespace": read["namespace"]}
+        version = resource_version or read.get("resourceVersion")
+        if version:
+            meta["resourceVersion"] = version
+        manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "status": status}
+        written = self.apply(manifest, "status", manager=manager)
+        return (written.get("metadata") or {}).get("resourceVersion")
+
     def serves(self, api_version: str, plural: str) -> bool:
         """Whether the API server serves `plural` in `api_version` (discovery: needs no
         read rights on CRDs). Remembered once True; asked again while False."""
@@ -206,6 +234,45 @@ class Kube:
 
     def owned_deployments(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         return self.owned("Deployment", namespace, name, uid)
+
+
+class Attempt:
+    """One try of `conflict_retries`: a context that swallows a 409 unless it is
+    the last try (then the caller sees it)."""
+
+    def __init__(self, number: int, last: bool) -> None:
+        self.number = number  # 0 for the first try
+        self.last = last
+        self.conflicted = False
+
+    @property
+    def retry(self) -> bool:
+        """A later try: what the caller read before is stale."""
+        return self.number > 0
+
+    def __enter__(self) -> Attempt:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, ApiError) and exc.status == 409 and not self.last:
+            self.conflicted = True
+            return True
+        return False
+
+
+def conflict_retries(retries: int = CONFLICT_RETRIES) -> Iterator[Attempt]:
+    """Tries of a read-plan-write round until its conditional write lands (at most
+    1 + `retries`; the last conflict is raised):
+
+        for attempt in conflict_retries():
+            with attempt:
+                ...read (again when attempt.retry), plan, write...
+    """
+    for number in range(retries + 1):
+        attempt = Attempt(number, last=number == retries)
+        yield attempt
+        if not attempt.conflicted:
+            return
 
 
 _shared: Kube | None = None

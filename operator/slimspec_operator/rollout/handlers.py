@@ -34,13 +34,12 @@ from slimspec_operator.contract import (
     PLURAL,
     VERSION,
 )
-from slimspec_operator.kube.client import ApiError, shared
+from slimspec_operator.kube.client import ApiError, conflict_retries, shared
 from slimspec_operator.metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
 from slimspec_operator.resource.spec import SlimSpecService, ratio_in_force
 from slimspec_operator.rollout.reconcile import reconcile
 
 RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
-CONFLICT_RETRIES = 3  # immediate re-reads when a status write loses a race
 # A hub mirror for the model preparation Jobs (HF_ENDPOINT), set by the cluster's
 # admin for the whole operator: a per-resource endpoint would let whoever writes a
 # SlimSpecService send the hub token of a Secret to a server of their choosing.
@@ -55,6 +54,12 @@ _locks_guard = threading.Lock()
 def _lock(uid: str) -> threading.Lock:
     with _locks_guard:
         return _locks.setdefault(uid, threading.Lock())
+
+
+def _forget(uid: str) -> None:
+    """The resource is gone (or going): drop what this process remembers of it."""
+    _written_ratio.pop(uid, None)
+    _reconciled_generation.pop(uid, None)
 
 
 def now() -> datetime:
@@ -83,26 +88,20 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
         t0 = time.monotonic()
         try:
             kube = shared()
-            for attempt in range(CONFLICT_RETRIES + 1):
-                # Re-read: the body a handler got may be older than the last status write.
-                fresh = kube.get(KIND, *_ns_name(body))
-                if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-                    _written_ratio.pop(uid, None)
-                    _reconciled_generation.pop(uid, None)
-                    return
-                try:
+            for attempt in conflict_retries():
+                with attempt:
+                    # Re-read: the body a handler got may be older than the last status
+                    # write, and after a conflict what we read is stale.
+                    fresh = kube.get(KIND, *_ns_name(body))
+                    if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                        _forget(uid)
+                        return
                     reconcile(kube, fresh, now(), _event_sink(fresh, logger), HF_ENDPOINT)
-                except ApiError as e:
-                    # Someone wrote the object between our read and our status write
-                    # (the tuner, a user): plan again from what is there now.
-                    if e.status != 409 or attempt == CONFLICT_RETRIES:
-                        raise
+                    _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
+                    _reconciled_generation[uid] = int(fresh["metadata"].get("generation") or 0)
+                    RECONCILE_TOTAL.labels("ok").inc()
+                if attempt.conflicted:  # someone wrote it meanwhile: plan again
                     RECONCILE_TOTAL.labels("conflict").inc()
-                    continue
-                _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
-                _reconciled_generation[uid] = int(fresh["metadata"].get("generation") or 0)
-                RECONCILE_TOTAL.labels("ok").inc()
-                break
         except ApiError as e:
             if e.status == 404 and shared().get(KIND, *_ns_name(body)) is None:
                 return  # deleted while we worked on it; the GC removes the rest

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from slimspec_operator.contract import API_VERSION, KIND, configmap_name
+from slimspec_operator.contract import KIND, OPERATOR_FIELD_MANAGER, configmap_name
 from slimspec_operator.kube.client import ApiError, Kube
 from slimspec_operator.kube.conditions import format_time, get_condition
 from slimspec_operator.kube.ownership import (
@@ -114,23 +114,10 @@ def desired_of(svc: SlimSpecService, prep: PrepStatus | None = None) -> Desired:
 
 
 def _write_status(
-    kube: Kube,
-    meta_in: Mapping[str, Any],
-    status: Mapping[str, Any],
-    resource_version: str | None,
+    kube: Kube, meta: Mapping[str, Any], status: Mapping[str, Any], rv: str | None
 ) -> str | None:
-    """Apply the reconciler's status; returns the new resourceVersion.
-
-    The resourceVersion makes the write conditional (409 on a mismatch): status
-    was computed from what we read, and a blind apply would put back a field
-    someone removed meanwhile (`kubectl patch --subresource=status` dropping
-    failedTemplateHash to retry a rollout).
-    """
-    meta: dict[str, Any] = {"name": meta_in["name"], "namespace": meta_in["namespace"]}
-    if resource_version:
-        meta["resourceVersion"] = resource_version
-    body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "status": dict(status)}
-    return kube.apply(body, subresource="status").get("metadata", {}).get("resourceVersion")
+    """The reconciler's status, conditional on `rv` (kube.apply_status)."""
+    return kube.apply_status(meta, status, manager=OPERATOR_FIELD_MANAGER, resource_version=rv)
 
 
 def _apply_support_objects(kube: Kube, svc: SlimSpecService) -> None:

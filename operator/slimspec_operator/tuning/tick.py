@@ -4,10 +4,11 @@ The I/O half of tuning, as rollout/reconcile.py is for rollouts. Writes, all ide
 with the tuner's own field manager, in this order:
 
 1. the tuner's status (status.compression, status.autoscaling and the
-   MetricsAvailable condition) by server-side apply, conditional on the
-   resourceVersion the plan was made from: a write that landed since (a user's
-   status edit, the reconciler) is never overwritten from a stale read. On a
-   conflict the tick reads the resource again and plans again, before it has
+   MetricsAvailable condition) by server-side apply (kube.apply_status, as the
+   reconciler writes its own), conditional on the resourceVersion the plan was
+   made from: a write that landed since (a user's status edit, the reconciler)
+   is never overwritten from a stale read. On a conflict the tick reads the
+   resource again and plans again (kube.conflict_retries), before it has
    changed anything else;
 2. the runtime ConfigMap's `compression_ratio`, at once, so engines pick the
    change up within seconds (the reconciler writes the same text later);
@@ -44,7 +45,7 @@ from slimspec_operator.contract import (
     TUNER_FIELD_MANAGER,
     configmap_name,
 )
-from slimspec_operator.kube.client import ApiError, Kube
+from slimspec_operator.kube.client import ApiError, Kube, conflict_retries
 from slimspec_operator.kube.conditions import format_time
 from slimspec_operator.kube.ownership import RESOURCE_CONFLICT, owned_by
 from slimspec_operator.resource.queries import BY_NAME
@@ -70,7 +71,6 @@ from slimspec_operator.tuning.reasons import EventReason
 from slimspec_operator.tuning.types import Sample
 
 DRY_RUN = os.environ.get("SLIMSPEC_TUNING_DRY_RUN", "") in ("1", "true", "yes")
-CONFLICT_RETRIES = 3  # immediate re-reads when the status write loses a race
 NO_CONFIGMAP = " (runtime ConfigMap not there yet; the reconciler will write it)"
 
 log = logging.getLogger(__name__)
@@ -108,26 +108,22 @@ async def tick(
     mem.last_tick = now
     await asyncio.to_thread(reconcile_keda, kube, body, view, mem)
 
-    for attempt in range(CONFLICT_RETRIES + 1):
-        sample = await read_sample(view, ns, name, now, kube) if controlling(view) else None
-        status = body.get("status") or {}
-        inp = TickInput(view, status, meta.get("generation"), sample, mem.state, now, dry_run)
-        plan = plan_tick(inp)
-        try:
-            await asyncio.to_thread(write_status, kube, body, plan.status)
-            break
-        except ApiError as exc:
-            if exc.status != 409 or attempt == CONFLICT_RETRIES:
-                raise
-        # The resource changed since `body` was read: plan again from what is there now.
-        log.debug("%s/%s: changed since read; planning the tick again", ns, name)
-        fresh = await asyncio.to_thread(kube.get, KIND, ns, name)
-        if fresh is None:
-            return None
-        body, meta = fresh, fresh["metadata"]
-        view = _view(body)
-        if view is None:
-            return None
+    for attempt in conflict_retries():
+        with attempt:
+            if attempt.retry:  # changed since `body` was read: plan again from what is there
+                log.debug("%s/%s: changed since read; planning the tick again", ns, name)
+                fresh = await asyncio.to_thread(kube.get, KIND, ns, name)
+                if fresh is None or (again := _view(fresh)) is None:
+                    return None
+                body, meta, view = fresh, fresh["metadata"], again
+            sample = await read_sample(view, ns, name, now, kube) if controlling(view) else None
+            status = body.get("status") or {}
+            inp = TickInput(view, status, meta.get("generation"), sample, mem.state, now, dry_run)
+            plan = plan_tick(inp)
+            if plan.status is not None:
+                await asyncio.to_thread(
+                    kube.apply_status, meta, plan.status, manager=TUNER_FIELD_MANAGER
+                )
     mem.state = plan.memory
     await asyncio.to_thread(carry_out, kube, body, plan)
     return plan.status if plan.memory.active else None
@@ -153,18 +149,6 @@ async def read_sample(
     vectors = {k: (q, label) for k, q in queries.items() if (label := labels[k]) is not None}
     numbers, per_label = await run_queries(kube, namespace, view.prometheus, scalars, vectors)
     return sample_from(now, numbers, per_label)
-
-
-def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any] | None) -> None:
-    """Apply the tuner's status; 409 when the resource changed since `body` was read."""
-    if status is None:
-        return
-    read = body["metadata"]
-    meta = {"name": read["name"], "namespace": read["namespace"]}
-    if read.get("resourceVersion"):
-        meta["resourceVersion"] = read["resourceVersion"]
-    manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "status": status}
-    kube.apply(manifest, "status", manager=TUNER_FIELD_MANAGER)
 
 
 def carry_out(kube: Kube, body: Mapping[str, Any], plan: TickPlan) -> None:
