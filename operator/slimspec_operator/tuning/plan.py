@@ -132,9 +132,38 @@ def autoscaler_settings(view: TuningView) -> autoscaler.AutoscalerSettings:
 # ------------------------------------------------------------------ the tick
 
 
+@dataclass(frozen=True)
+class MetricsState:
+    """What the MetricsAvailable condition says."""
+
+    available: bool = True
+    reason: str = Reason.METRICS_OK
+    message: str = "Prometheus answered all queries"
+
+
+@dataclass(frozen=True)
+class RatioPlan:
+    decision: Decision
+    compression: dict[str, Any]  # status.compression
+    write: RatioWrite | None  # the ConfigMap write, when the ratio changed for real
+    events: tuple[Event, ...]
+    effective: tuple[str, str, str] | None  # CompressionEffective; None: no reading
+    metrics: MetricsState | None  # why the metrics were unusable; None: they were fine
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    decision: autoscaler.ScaleDecision
+    autoscaling: dict[str, Any]  # status.autoscaling
+    scale: ScaleTo | None
+    events: tuple[Event, ...]
+    metrics: MetricsState | None
+
+
 def plan_tick(inp: TickInput) -> TickPlan:
-    """Everything one tick does, decided from its inputs alone."""
-    view, mem, now, status = inp.view, inp.memory, inp.now, inp.status
+    """Everything one tick does, decided from its inputs alone: the ratio, the
+    replicas, then the conditions that report both."""
+    view, mem, now = inp.view, inp.memory, inp.now
     if not controlling(view):
         # Switched off: give back the fields we own (an empty apply), once.
         return TickPlan(replace(mem, active=False), status={} if mem.active else None)
@@ -145,113 +174,164 @@ def plan_tick(inp: TickInput) -> TickPlan:
     # Replica changes by anyone (us, KEDA, kubectl scale) start the settle window.
     last_replica_change = mem.last_replica_change
     if last_replica_change is None:
-        last_replica_change = _time((status.get("autoscaling") or {}).get("lastScaleTime"))
+        last_replica_change = _time((inp.status.get("autoscaling") or {}).get("lastScaleTime"))
     if mem.last_replicas is not None and mem.last_replicas != view.replicas:
         last_replica_change = now
-    samples = (*mem.samples, sample)[-SAMPLES_KEPT:]
     memory = replace(
         mem,
-        samples=samples,
+        samples=(*mem.samples, sample)[-SAMPLES_KEPT:],
         last_replicas=view.replicas,
         last_replica_change=last_replica_change,
         active=True,
     )
+    compression: Mapping[str, Any] = inp.status.get("compression") or {}
+    last_ratio_change = _time(compression.get("lastChangeTime"))
 
     new_status: dict[str, Any] = {}
     events: list[Event] = []
-    available, message = True, "Prometheus answered all queries"
-    why: str = Reason.METRICS_OK
-    compression: Mapping[str, Any] = status.get("compression") or {}
-    last_ratio_change = _time(compression.get("lastChangeTime"))
-
-    decision = ratio_write = None
-    effective: tuple[str, str, str] | None = None
+    problems: list[MetricsState | None] = []
+    ratio = None
     if view.tuning.enabled:
-        old = compression.get("ratio")
-        ratio = float(old) if old is not None else view.compression.ratio
-        settings = tuner_settings(view)
-        decision = decide(
-            samples,
-            ratio,
-            settings,
-            now,
-            changes_from_status(compression),
-            last_replica_change,
-            effect_from_status(compression),
-        )
-        if not decision.metrics_available:
-            available, why, message = False, decision.metrics_reason, decision.metrics_message
-        new_status["compression"] = compression_status(
-            compression, ratio, decision, sample, now, inp.dry_run
-        )
-        if sample.error is None:  # Prometheus down says nothing about compression
-            effective = effectiveness(
-                sample.predictions,
-                settings.min_ratio,
-                settings.max_ratio,
-                settings.min_predicted_gain,
-            )
-        d = decision
-        if d.changed:
-            msg = f"compression ratio {ratio:g} -> {d.ratio:g} ({d.reason}): {d.message}"
-            if inp.dry_run:
-                events.append(Event("Normal", EventReason.DRY_RUN_COMPRESSION, msg))
-            else:
-                # A revert is announced under its own reason, as a warning.
-                event = Event("Normal", EventReason.COMPRESSION_CHANGED, msg)
-                if d.verdict is not None:
-                    event = Event("Warning", d.reason, msg)
-                ratio_write = RatioWrite(format_ratio(d.ratio), event)
-                last_ratio_change = now
-        elif d.verdict is not None and not inp.dry_run:
-            events.append(Event("Normal", d.reason, d.verdict.message))
-
-    scale = scale_to = None
+        ratio = plan_ratio(inp, memory.samples, sample, last_replica_change)
+        new_status["compression"] = ratio.compression
+        events += ratio.events
+        problems.append(ratio.metrics)
+        if ratio.write is not None:
+            last_ratio_change = now
+    scale = None
     if view.scaling:
-        scale = autoscaler.decide(
-            sample,
-            view.replicas,
-            autoscaler_settings(view),
-            now,
-            mem.recommendations,
-            last_ratio_change,
-            mem.started,
-        )
-        memory = replace(memory, recommendations=scale.recommendations)
-        if not scale.metrics_available and available:
-            available, why = False, scale.reason
-            message = (sample.error or ("", "no usable request-rate reading"))[1]
-        old_auto = status.get("autoscaling") or {}
-        auto_status = {
-            "desiredReplicas": scale.replicas,
-            "reason": scale.reason,
-            "message": scale.message,
-        }
-        if old_auto.get("lastScaleTime"):
-            auto_status["lastScaleTime"] = old_auto["lastScaleTime"]
-        if scale.changed:
-            msg = f"replicas {view.replicas} -> {scale.replicas}: {scale.message}"
-            if inp.dry_run:
-                events.append(Event("Normal", EventReason.DRY_RUN_SCALE, msg))
-            else:
-                scale_to = ScaleTo(scale.replicas, Event("Normal", EventReason.SCALED, msg))
-                memory = replace(memory, last_replicas=scale.replicas, last_replica_change=now)
-                auto_status["lastScaleTime"] = format_time(now)
-        new_status["autoscaling"] = auto_status
+        scale = plan_scale(inp, sample, last_ratio_change)
+        memory = replace(memory, recommendations=scale.decision.recommendations)
+        if scale.scale is not None:
+            memory = replace(memory, last_replicas=scale.scale.replicas, last_replica_change=now)
+        new_status["autoscaling"] = scale.autoscaling
+        events += scale.events
+        problems.append(scale.metrics)
 
-    cond_status = "True" if available else "False"
-    conditions = status.get("conditions") or []
+    # The first problem found is the one MetricsAvailable reports.
+    metrics = next((m for m in problems if m is not None), MetricsState())
+    conditions, condition_events = plan_conditions(
+        inp, metrics, ratio.effective if ratio is not None else None
+    )
+    new_status["conditions"] = conditions
+    return TickPlan(
+        memory,
+        new_status,
+        ratio.write if ratio is not None else None,
+        scale.scale if scale is not None else None,
+        (*events, *condition_events),
+        ratio.decision if ratio is not None else None,
+        scale.decision if scale is not None else None,
+    )
+
+
+def plan_ratio(
+    inp: TickInput,
+    samples: tuple[Sample, ...],
+    sample: Sample,
+    last_replica_change: datetime | None,
+) -> RatioPlan:
+    """The tuner's decision on this tick and what it writes: status.compression, the
+    ConfigMap's ratio and the Events that announce a change or a verdict."""
+    view, now = inp.view, inp.now
+    compression: Mapping[str, Any] = inp.status.get("compression") or {}
+    old = compression.get("ratio")
+    ratio = float(old) if old is not None else view.compression.ratio
+    settings = tuner_settings(view)
+    d = decide(
+        samples,
+        ratio,
+        settings,
+        now,
+        changes_from_status(compression),
+        last_replica_change,
+        effect_from_status(compression),
+    )
+    metrics = None
+    if not d.metrics_available:
+        metrics = MetricsState(False, d.metrics_reason, d.metrics_message)
+    effective = None
+    if sample.error is None:  # Prometheus down says nothing about compression
+        effective = effectiveness(
+            sample.predictions, settings.min_ratio, settings.max_ratio, settings.min_predicted_gain
+        )
+    events: list[Event] = []
+    write = None
+    if d.changed:
+        msg = f"compression ratio {ratio:g} -> {d.ratio:g} ({d.reason}): {d.message}"
+        if inp.dry_run:
+            events.append(Event("Normal", EventReason.DRY_RUN_COMPRESSION, msg))
+        else:
+            # A revert is announced under its own reason, as a warning.
+            event = Event("Normal", EventReason.COMPRESSION_CHANGED, msg)
+            if d.verdict is not None:
+                event = Event("Warning", d.reason, msg)
+            write = RatioWrite(format_ratio(d.ratio), event)
+    elif d.verdict is not None and not inp.dry_run:
+        events.append(Event("Normal", d.reason, d.verdict.message))
+    doc = compression_status(compression, ratio, d, sample, now, inp.dry_run)
+    return RatioPlan(d, doc, write, tuple(events), effective, metrics)
+
+
+def plan_scale(inp: TickInput, sample: Sample, last_ratio_change: datetime | None) -> ScalePlan:
+    """The operator's autoscaler on this tick: status.autoscaling, the replicas to set
+    and the Event that announces them."""
+    view, mem, now = inp.view, inp.memory, inp.now
+    d = autoscaler.decide(
+        sample,
+        view.replicas,
+        autoscaler_settings(view),
+        now,
+        mem.recommendations,
+        last_ratio_change,
+        mem.started,
+    )
+    metrics = None
+    if not d.metrics_available:
+        message = (sample.error or ("", "no usable request-rate reading"))[1]
+        metrics = MetricsState(False, d.reason, message)
+    old = inp.status.get("autoscaling") or {}
+    doc: dict[str, Any] = {"desiredReplicas": d.replicas, "reason": d.reason, "message": d.message}
+    if old.get("lastScaleTime"):
+        doc["lastScaleTime"] = old["lastScaleTime"]
+    events: list[Event] = []
+    scale = None
+    if d.changed:
+        msg = f"replicas {view.replicas} -> {d.replicas}: {d.message}"
+        if inp.dry_run:
+            events.append(Event("Normal", EventReason.DRY_RUN_SCALE, msg))
+        else:
+            scale = ScaleTo(d.replicas, Event("Normal", EventReason.SCALED, msg))
+            doc["lastScaleTime"] = format_time(now)
+    return ScalePlan(d, doc, scale, tuple(events), metrics)
+
+
+def plan_conditions(
+    inp: TickInput, metrics: MetricsState, effective: tuple[str, str, str] | None
+) -> tuple[list[dict[str, Any]], tuple[Event, ...]]:
+    """The conditions the tuner owns (MetricsAvailable; CompressionEffective while
+    tuning) and the Events of their flips."""
+    now, generation = inp.now, inp.generation
+    events: list[Event] = []
+    cond_status = "True" if metrics.available else "False"
+    conditions = inp.status.get("conditions") or []
     prior = get_condition(conditions, Condition.METRICS_AVAILABLE)
     conditions = set_condition(
-        conditions, Condition.METRICS_AVAILABLE, cond_status, why, message, inp.generation, now
+        conditions,
+        Condition.METRICS_AVAILABLE,
+        cond_status,
+        metrics.reason,
+        metrics.message,
+        generation,
+        now,
     )
     if prior is None or prior.get("status") != cond_status:
-        if available:
-            events.append(Event("Normal", EventReason.METRICS_AVAILABLE, message))
+        if metrics.available:
+            events.append(Event("Normal", EventReason.METRICS_AVAILABLE, metrics.message))
         else:
-            events.append(Event("Warning", EventReason.METRICS_UNAVAILABLE, message))
+            events.append(Event("Warning", EventReason.METRICS_UNAVAILABLE, metrics.message))
     owned = {Condition.METRICS_AVAILABLE}
-    if view.tuning.enabled:
+    if inp.view.tuning.enabled:
         owned.add(Condition.COMPRESSION_EFFECTIVE)
         was = get_condition(conditions, Condition.COMPRESSION_EFFECTIVE)
         if effective is None:  # no reading: keep what the last one said
@@ -261,12 +341,11 @@ def plan_tick(inp: TickInput) -> TickPlan:
                 else ("Unknown", PromReason.NO_DATA, "no metrics read yet")
             )
         conditions = set_condition(
-            conditions, Condition.COMPRESSION_EFFECTIVE, *effective, inp.generation, now
+            conditions, Condition.COMPRESSION_EFFECTIVE, *effective, generation, now
         )
         flipped = was is None or was.get("status") != effective[0]
         if flipped and effective[0] == "False":
             events.append(Event("Warning", EventReason.COMPRESSION_INEFFECTIVE, effective[2]))
         elif flipped and effective[0] == "True" and was is not None:
             events.append(Event("Normal", EventReason.COMPRESSION_EFFECTIVE, effective[2]))
-    new_status["conditions"] = [c for c in conditions if c["type"] in owned]
-    return TickPlan(memory, new_status, ratio_write, scale_to, tuple(events), decision, scale)
+    return [c for c in conditions if c["type"] in owned], tuple(events)
