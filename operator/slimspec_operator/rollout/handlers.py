@@ -19,7 +19,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -47,13 +49,34 @@ HF_ENDPOINT = os.environ.get("SLIMSPEC_HF_ENDPOINT") or None
 
 _written_ratio: dict[str, float] = {}  # uid -> ratio last written to the ConfigMap
 _reconciled_generation: dict[str, int] = {}  # uid -> metadata.generation last reconciled
-_locks: dict[str, threading.Lock] = {}
+
+
+@dataclass
+class _Turn:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0  # threads holding or waiting for the lock
+
+
+_locks: dict[str, _Turn] = {}  # uid -> its turn, only while someone holds or waits
 _locks_guard = threading.Lock()
 
 
-def _lock(uid: str) -> threading.Lock:
+@contextmanager
+def _exclusive(uid: str) -> Iterator[None]:
+    """One reconcile at a time per resource (timers and watches overlap). The entry
+    goes when its last user leaves, so a deleted resource leaves nothing behind and
+    the map holds only the resources being worked on now."""
     with _locks_guard:
-        return _locks.setdefault(uid, threading.Lock())
+        turn = _locks.setdefault(uid, _Turn())
+        turn.users += 1
+    try:
+        with turn.lock:
+            yield
+    finally:
+        with _locks_guard:
+            turn.users -= 1
+            if turn.users == 0:
+                del _locks[uid]
 
 
 def _forget(uid: str) -> None:
@@ -84,7 +107,7 @@ def _event_sink(
 def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter) -> None:
     """Reconcile one resource; one at a time per resource (timers and watches overlap)."""
     uid = body["metadata"].get("uid", "")
-    with _lock(uid):
+    with _exclusive(uid):
         t0 = time.monotonic()
         try:
             kube = shared()
@@ -165,6 +188,19 @@ def _ratio_moved(body: kopf.Body, **_: Any) -> bool:
 @kopf.on.event(GROUP, VERSION, PLURAL, when=_ratio_moved)
 def on_ratio(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     run(body, logger)
+
+
+def _gone(body: kopf.Body, type: str | None = None, **_: Any) -> bool:
+    """The resource is being deleted, or its deletion has landed."""
+    return type == "DELETED" or bool(body.get("metadata", {}).get("deletionTimestamp"))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_gone)
+def on_gone(body: kopf.Body, **_: Any) -> None:
+    """Forget the resource at once: no later round may run to notice it is gone
+    (Kopf stops its timer), and a process that watches many short-lived resources
+    must not keep one entry per resource it ever saw."""
+    _forget(body.get("metadata", {}).get("uid", ""))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGER})
