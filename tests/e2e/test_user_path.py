@@ -38,6 +38,7 @@ from slimspec_testbed.scenarios.userpath import (
     latencies,
     metric_value,
     percentile,
+    pod_ready,
     pods,
     prometheus_manifests,
     prometheus_query,
@@ -257,13 +258,18 @@ def prometheus(in_node: None, kube: KubeCluster, node: NodeCluster, chat: dict[s
 
 
 def test_prometheus_finds_the_engines_by_pod_discovery(kube: KubeCluster, prometheus: str) -> None:
-    want = {p.metadata.name for p in engine_pods(kube)}
+    # The engines of the earlier tests, Ready: without one, "every engine is scraped"
+    # would hold of the empty set and say nothing about discovery.
+    want = {p.metadata.name for p in engine_pods(kube) if pod_ready(p)}
+    assert want, "no ready engine pod: nothing for Prometheus to discover"
 
-    def scraped() -> bool:
+    def scraped() -> set[str] | None:
         result = prometheus_query(prometheus, f'up{{job="slimspec-engines",service="{NAME}"}} == 1')
-        return {r["metric"]["pod"] for r in result} >= want
+        found = {r["metric"].get("pod", "") for r in result}
+        return found if found >= want else None
 
-    wait_until(scraped, 120, f"Prometheus scraping {want}")
+    found = wait_until(scraped, 120, f"Prometheus scraping {want}")
+    assert want <= found  # each engine pod is a target Prometheus discovered and scraped
 
 
 def test_tuner_moves_the_ratio_under_load_and_engines_report_it(
