@@ -25,6 +25,7 @@ from kubernetes import client
 from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.node.images import KERNEL_LOADER_PROBE
 from slimspec_testbed.node.node_cluster import NodeCluster
+from slimspec_testbed.prometheus import metric_value
 from slimspec_testbed.scenarios.resources import service_from_example, with_version
 from slimspec_testbed.scenarios.userpath import (
     ENGINE_SELECTOR,
@@ -36,7 +37,6 @@ from slimspec_testbed.scenarios.userpath import (
     cluster_ip,
     get_service,
     latencies,
-    metric_value,
     percentile,
     pod_ready,
     pods,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -26,7 +25,7 @@ from typing import Any
 import yaml
 
 from slimspec_testbed.errors import fail
-from slimspec_testbed.tools import free_port
+from slimspec_testbed.tools import free_port, stop_process
 
 # What the tests' ``prometheus_server`` fixture yields: start(targets, *, scrape_interval,
 # rule_files, extra_config, job) -> a ready PrometheusServer, stopped at test end.
@@ -95,13 +94,7 @@ class PrometheusServer:
     def stop(self, timeout: float = 10) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, timeout)
         self.proc = None
 
     @property
@@ -171,3 +164,16 @@ def scrape_job(target: str, namespace: str, service: str) -> dict[str, Any]:
             {"targets": [target], "labels": {"namespace": namespace, "service": service}}
         ],
     }
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The first sample of metric `name` (any labels) in Prometheus' text format."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            rest = line[line.index("}") + 1 :]
+        elif line.startswith(name + " "):
+            rest = line[len(name) :]
+        else:
+            continue
+        return float(rest.split()[0])
+    return None

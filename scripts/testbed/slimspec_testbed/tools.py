@@ -133,3 +133,14 @@ def helm_env(base: dict[str, str], home: Path) -> dict[str, str]:
     ):
         env[var] = str(home / sub)
     return env
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, and SIGKILL if it has not exited after `timeout` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from slimspec_testbed.errors import TestbedError, fail
+from slimspec_testbed.tools import stop_process
 
 T = TypeVar("T")
 
@@ -40,13 +41,7 @@ class Component:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 10) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, timeout)
 
 
 def spawn(name: str, argv: Sequence[str | os.PathLike[str]], workdir: Path) -> Component:

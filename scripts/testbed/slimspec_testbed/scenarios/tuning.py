@@ -21,8 +21,9 @@ from typing import Any, cast
 
 from kubernetes import client
 
+from slimspec_testbed.prometheus import metric_value
 from slimspec_testbed.scenarios.resources import GROUP, PLURAL, VERSION
-from slimspec_testbed.tools import REPO_ROOT
+from slimspec_testbed.tools import REPO_ROOT, stop_process
 
 PYTHON = str(Path(sys.executable))
 
@@ -30,14 +31,6 @@ PYTHON = str(Path(sys.executable))
 def http_get(url: str, timeout: float = 5) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.read().decode()
-
-
-def metric_value(text: str, name: str) -> float | None:
-    """First sample of an unlabelled metric in Prometheus text format."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
 
 
 @dataclass
@@ -70,13 +63,7 @@ class Process:
     def stop(self, timeout: float = 15) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, timeout)
         self.proc = None
 
 

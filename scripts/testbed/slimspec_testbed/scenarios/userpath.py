@@ -404,11 +404,3 @@ def prometheus_query(url: str, promql: str) -> list[dict[str, Any]]:
     resp = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=5)
     resp.raise_for_status()
     return list(resp.json()["data"]["result"])
-
-
-def metric_value(text: str, name: str) -> float | None:
-    """First sample of a metric (any labels) in Prometheus text format."""
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
