@@ -104,6 +104,15 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "default = int4-fused on CPU for bf16/fp16 Llama/Qwen2 drafts, else none) "
         "(env SLIMSPEC_DRAFT_QUANTIZATION)",
     )
+    p.add_argument(
+        "--target-quantization",
+        default=e("SLIMSPEC_TARGET_QUANTIZATION", "auto"),
+        help="target weights: auto | gguf | int8 | none. gguf = the blocks of the GGUF the "
+        "model directory was converted from (Q4_K, Q6_K, Q8_0), int8 = Q8_0 blocks made from "
+        "dense weights, none = dense as loaded; auto, the default = gguf where the model "
+        "directory holds its GGUF and the device is the CPU, else none (env "
+        "SLIMSPEC_TARGET_QUANTIZATION)",
+    )
     p.add_argument("--host", default=e("HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(e("PORT", "8080")))
     p.add_argument(
@@ -199,6 +208,13 @@ def draft_quantization(value: str) -> str | None:
     return mode
 
 
+def target_quantization(value: str) -> str:
+    """One of slimspec.cpu.target_form.TARGET_QUANTIZATIONS (ValueError naming them)."""
+    from slimspec.cpu.target_form import check_setting
+
+    return check_setting(value)
+
+
 def num_draft_tokens(value: int) -> int | None:
     """0 -> None (adaptive k); 1..16 -> a fixed k."""
     if value == 0:
@@ -235,6 +251,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> Server
             dtype=args.dtype,
             device=args.device,
             draft_quantization=draft_quantization(args.draft_quantization),
+            target_quantization=target_quantization(args.target_quantization),
             num_draft_tokens=num_draft_tokens(args.num_draft_tokens),
             prefill_chunk=positive("--prefill-chunk", args.prefill_chunk),
         ),

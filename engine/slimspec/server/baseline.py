@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from slimspec.cpu.target_form import TargetForm, served_form
 from slimspec.decoding.engine import NO_DRAFT_RATIO, DraftHeadInfo, Engine, eos_token_ids
 from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.sampling import coupled_choice, race_noise, sampling_tensors, warp_probs
@@ -55,9 +56,17 @@ class TargetOnlyEngine(Engine):
     """One-token-per-step decoding of the target model, step API compatible."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, device: str = "cpu", prefill_chunk: int = 512
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str = "cpu",
+        prefill_chunk: int = 512,
+        target_form: TargetForm | None = None,
     ) -> None:
         self.model = model.eval()
+        # What the target's weights are served from (cpu/target_form.py): as loaded
+        # unless the loader put them in another form.
+        self.target_form = target_form or served_form(model)
         self.tokenizer = tokenizer
         self.device = device
         self.stats = DecoderStats()  # nothing is drafted: the counters stay at 0

@@ -3,8 +3,12 @@ target-only baseline when no draft is given."""
 
 from __future__ import annotations
 
+import logging
+
 from slimspec.decoding.engine import Engine
 from slimspec.server.service import ModelRef
+
+log = logging.getLogger(__name__)
 
 NO_DRAFT = ("", "none", "null")
 
@@ -14,7 +18,7 @@ def has_draft(ref: ModelRef) -> bool:
 
 
 def default_loader(ref: ModelRef) -> Engine:
-    from slimspec.weights.loading import load_causal_lm, resolve_device
+    from slimspec.weights.loading import load_causal_lm, resolve_device, resolve_model_path
 
     device = resolve_device(ref.device)
     if has_draft(ref):
@@ -26,10 +30,16 @@ def default_loader(ref: ModelRef) -> Engine:
             dtype=ref.dtype,
             device=device,
             draft_quantization=ref.draft_quantization,
+            target_quantization=ref.target_quantization,
             num_draft_tokens=ref.num_draft_tokens,
             prefill_chunk=ref.prefill_chunk,
         )
+    from slimspec.cpu import target_form
     from slimspec.server.baseline import TargetOnlyEngine
 
     model, tok = load_causal_lm(ref.target, dtype=ref.dtype, device=device)
-    return TargetOnlyEngine(model, tok, device=str(device), prefill_chunk=ref.prefill_chunk)
+    form = target_form.apply(model, ref.target_quantization, resolve_model_path(ref.target))
+    log.info("target weights: %s", form.describe())
+    return TargetOnlyEngine(
+        model, tok, device=str(device), prefill_chunk=ref.prefill_chunk, target_form=form
+    )

@@ -266,6 +266,9 @@ async def models(request: Request) -> dict[str, Any]:
                 "created": int(served.loaded_at),
                 "owned_by": "slimspec",
                 "version": served.ref.version,
+                # The target's weight form in force (gguf | int8 | none) and its detail.
+                "target_quantization": served.engine.target_form.quantization,
+                "target_form": served.engine.target_form.detail,
             }
         )
     return {"object": "list", "data": data}

@@ -43,6 +43,7 @@ class ModelRef:
     dtype: str = "bfloat16"
     device: str = "cpu"
     draft_quantization: str | None = "auto"  # None = the draft as loaded; cpu/draft_quantization.py
+    target_quantization: str = "auto"  # the target's weight form; cpu/target_form.py
     num_draft_tokens: int | None = None  # None = adaptive k
     prefill_chunk: int = 512  # most prompt tokens prefilled per engine step
 
