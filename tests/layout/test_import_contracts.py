@@ -40,6 +40,7 @@ PURE = (
     "rollout.model_volumes",
     "rollout.model_prep",
     "rollout.status",
+    "rollout.reasons",
     "tuning.types",
     "tuning.reasons",
     "tuning.guards",

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from slimspec_operator.rollout.reasons import Reason
+
 
 @dataclass(frozen=True)
 class ObservedDeployment:
@@ -115,8 +117,8 @@ class Plan:
     rollout_version: str | None = None  # set while a new version is being brought up
     failed_hash: str | None = None
     failed_version: str | None = None
-    progressing: Cond = Cond(False, "Unknown", "")
-    degraded: Cond = Cond(False, "AsExpected", "")
+    progressing: Cond = Cond(False, Reason.UNKNOWN, "")
+    degraded: Cond = Cond(False, Reason.AS_EXPECTED, "")
     events: list[Event] = field(default_factory=list)
     done: bool = False  # nothing left to wait for
 
@@ -178,11 +180,13 @@ def _preparing(
     _delete_others(observed, keep, p)
     if desired.preparation_failed is not None:
         text = f"preparing {desired.version} failed: {desired.preparation_failed}"
-        p.progressing = Cond(False, "PreparationFailed", text)
-        p.degraded = Cond(True, "PreparationFailed", text)
+        p.progressing = Cond(False, Reason.PREPARATION_FAILED, text)
+        p.degraded = Cond(True, Reason.PREPARATION_FAILED, text)
         p.done = True
     else:
-        p.progressing = Cond(True, "PreparingModel", f"preparing the models of {desired.version}")
+        p.progressing = Cond(
+            True, Reason.PREPARING_MODEL, f"preparing the models of {desired.version}"
+        )
     return p
 
 
@@ -197,7 +201,7 @@ def _steady(desired: Desired, observed: Observed, new: ObservedDeployment | None
         p.events.append(
             Event(
                 "Normal",
-                "RolloutComplete",
+                Reason.ROLLOUT_COMPLETE,
                 f"serving {desired.version}; removed {', '.join(d.name for d in olds)}",
             )
         )
@@ -205,24 +209,26 @@ def _steady(desired: Desired, observed: Observed, new: ObservedDeployment | None
     p.serving_version = desired.version
     p.failed_hash = p.failed_version = None
     if new is None:
-        p.events.append(Event("Normal", "Creating", f"creating Deployment for {desired.version}"))
-        p.progressing = Cond(True, "Creating", f"creating Deployment for {desired.version}")
+        p.events.append(
+            Event("Normal", Reason.CREATING, f"creating Deployment for {desired.version}")
+        )
+        p.progressing = Cond(True, Reason.CREATING, f"creating Deployment for {desired.version}")
         return p
     ready = new.ready_for(desired.replicas)
     msg = f"{new.ready_replicas}/{desired.replicas} replicas of {desired.version} ready"
     if ready and not olds:
-        p.progressing = Cond(False, "RolloutComplete", msg)
+        p.progressing = Cond(False, Reason.ROLLOUT_COMPLETE, msg)
         p.done = True
     elif _age(new, observed.now) > desired.ready_timeout_s and not ready:
         # Nothing older to fall back to: keep trying, but say so.
-        p.progressing = Cond(False, "ProgressDeadlineExceeded", msg)
+        p.progressing = Cond(False, Reason.PROGRESS_DEADLINE_EXCEEDED, msg)
         p.degraded = Cond(
             True,
-            "NotReady",
+            Reason.NOT_READY,
             f"{msg} after {desired.ready_timeout_s:.0f}s and no older version to serve",
         )
     else:
-        p.progressing = Cond(True, "WaitingForReady", msg)
+        p.progressing = Cond(True, Reason.WAITING_FOR_READY, msg)
     return p
 
 
@@ -236,11 +242,11 @@ def _rolled_back(
     p.serving_hash = serving.template_hash
     p.serving_version = serving.version
     p.progressing = Cond(
-        False, "RolledBack", f"rolled back to {serving.version}; change the spec to retry"
+        False, Reason.ROLLED_BACK, f"rolled back to {serving.version}; change the spec to retry"
     )
     p.degraded = Cond(
         True,
-        "RolloutFailed",
+        Reason.ROLLOUT_FAILED,
         f"version {desired.version} did not become ready within "
         f"{desired.ready_timeout_s:.0f}s; serving {serving.version}",
     )
@@ -269,8 +275,8 @@ def _rolling(
         change = f"{desired.version} (pod template {serving.template_hash} -> "
         change += f"{desired.template_hash})"
     if new is None:
-        p.events.append(Event("Normal", "RolloutStarted", f"rolling out {change}"))
-        p.progressing = Cond(True, "RollingOut", f"{change}: creating Deployment")
+        p.events.append(Event("Normal", Reason.ROLLOUT_STARTED, f"rolling out {change}"))
+        p.progressing = Cond(True, Reason.ROLLING_OUT, f"{change}: creating Deployment")
         return p
     msg = f"{change}: {new.ready_replicas}/{desired.replicas} new replicas ready"
     # An old version with no ready pod serves nobody: any ready new pod is better,
@@ -280,18 +286,20 @@ def _rolling(
         p.actions.append(SwitchService(desired.template_hash))
         p.serving_hash = desired.template_hash
         p.serving_version = desired.version
-        p.events.append(Event("Normal", "TrafficSwitched", f"{change}: Service now selects new"))
-        p.progressing = Cond(True, "TrafficSwitched", msg)
+        p.events.append(
+            Event("Normal", Reason.TRAFFIC_SWITCHED, f"{change}: Service now selects new")
+        )
+        p.progressing = Cond(True, Reason.TRAFFIC_SWITCHED, msg)
     elif new.ready_for(desired.replicas) and desired.replicas == 0:
         p.actions.append(SwitchService(desired.template_hash))
         p.serving_hash = desired.template_hash
         p.serving_version = desired.version
-        p.progressing = Cond(True, "TrafficSwitched", msg + " (scaled to zero)")
+        p.progressing = Cond(True, Reason.TRAFFIC_SWITCHED, msg + " (scaled to zero)")
     elif _age(new, observed.now) > desired.ready_timeout_s and old_down:
-        p.progressing = Cond(False, "ProgressDeadlineExceeded", msg)
+        p.progressing = Cond(False, Reason.PROGRESS_DEADLINE_EXCEEDED, msg)
         p.degraded = Cond(
             True,
-            "NotReady",
+            Reason.NOT_READY,
             f"{msg} after {desired.ready_timeout_s:.0f}s; {serving.version} has no ready "
             "pods either, so there is nothing to roll back to",
         )
@@ -305,10 +313,10 @@ def _rolling(
             f"version {desired.version} did not become ready within "
             f"{desired.ready_timeout_s:.0f}s; serving {serving.version}"
         )
-        p.events.append(Event("Warning", "RolledBack", text))
-        p.progressing = Cond(False, "RolledBack", text)
-        p.degraded = Cond(True, "RolloutFailed", text)
+        p.events.append(Event("Warning", Reason.ROLLED_BACK, text))
+        p.progressing = Cond(False, Reason.ROLLED_BACK, text)
+        p.degraded = Cond(True, Reason.ROLLOUT_FAILED, text)
         p.done = True
     else:
-        p.progressing = Cond(True, "RollingOut", msg)
+        p.progressing = Cond(True, Reason.ROLLING_OUT, msg)
     return p

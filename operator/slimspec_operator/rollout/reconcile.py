@@ -54,8 +54,8 @@ from slimspec_operator.rollout.plan import (
     SwitchService,
     plan_rollout,
 )
+from slimspec_operator.rollout.reasons import Condition, Reason
 from slimspec_operator.rollout.status import (
-    INVALID_SPEC,
     PrepStatus,
     build_status,
     compression_patch,
@@ -64,11 +64,11 @@ from slimspec_operator.rollout.status import (
 
 EventSink = Callable[[str, str, str], None]  # (type, reason, message)
 
-_EVENT_METRIC = {
-    "RolloutStarted": "started",
-    "TrafficSwitched": "switched",
-    "RolloutComplete": "completed",
-    "RolledBack": "rolled_back",
+_EVENT_METRIC: dict[str, str] = {
+    Reason.ROLLOUT_STARTED: "started",
+    Reason.TRAFFIC_SWITCHED: "switched",
+    Reason.ROLLOUT_COMPLETE: "completed",
+    Reason.ROLLED_BACK: "rolled_back",
 }
 MESSAGE_LIMIT = 512  # a server's refusal in a condition: enough to name the field
 
@@ -185,7 +185,7 @@ def _execute(kube: Kube, svc: SlimSpecService, plan: Plan, observed: Observed) -
 
 
 def _degraded_changed(status_in: Mapping[str, Any], reason: str, message: str) -> bool:
-    cond = get_condition(status_in.get("conditions"), "Degraded") or {}
+    cond = get_condition(status_in.get("conditions"), Condition.DEGRADED) or {}
     return (cond.get("status"), cond.get("reason"), cond.get("message")) != (
         "True",
         reason,
@@ -234,7 +234,7 @@ def reconcile(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         text = short(f"spec cannot be read: {where}: {first.get('msg', '')}")
-        _refuse(kube, meta, status_in, status_in, INVALID_SPEC, text, now, emit)
+        _refuse(kube, meta, status_in, status_in, Reason.INVALID_SPEC, text, now, emit)
         return None
     rv: str | None = meta.get("resourceVersion")
     prep_spec = preparation(svc)
@@ -265,7 +265,7 @@ def reconcile(
     try:
         _apply_support_objects(kube, svc)
         if prep is not None and _prepare(kube, svc, prep, found, hf_endpoint) and emit:
-            emit("Normal", "PreparingModel", f"started Job {prep.prep.job_name}")
+            emit("Normal", Reason.PREPARING_MODEL, f"started Job {prep.prep.job_name}")
         seed = compression_patch(svc, ratio_in_force(svc), format_time(now))
         if seed is not None:
             patch: dict[str, Any] = {"status": {"compression": seed}}
@@ -284,7 +284,7 @@ def reconcile(
             raise
         text = short(f"the API server refused an object built from the spec: {exc.message}")
         current = dict(meta, resourceVersion=rv)
-        _refuse(kube, current, status_in, status, INVALID_SPEC, text, now, emit)
+        _refuse(kube, current, status_in, status, Reason.INVALID_SPEC, text, now, emit)
         return plan
     keep = {d.preparation_key for d in observed.deployments} | ({prep.prep.key} if prep else set())
     _drop_unused_jobs(kube, svc, keep)
@@ -297,7 +297,7 @@ def reconcile(
             emit(ev.type, ev.reason, ev.message)
     failed = plan.degraded
     news = _degraded_changed(status_in, failed.reason, failed.message)
-    if emit and failed.reason == "PreparationFailed" and news:
+    if emit and failed.reason == Reason.PREPARATION_FAILED and news:
         emit("Warning", failed.reason, failed.message)
     _write_status(kube, meta, status, rv)
 

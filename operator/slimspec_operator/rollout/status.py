@@ -17,9 +17,9 @@ from slimspec_operator.resource.spec import SlimSpecService
 from slimspec_operator.rollout.manifests import selector_string, status_url
 from slimspec_operator.rollout.model_prep import Preparation, State, job_name
 from slimspec_operator.rollout.plan import Observed, Plan
+from slimspec_operator.rollout.reasons import Condition, Reason
 
-OWNED_CONDITIONS = ("Ready", "Progressing", "Degraded")
-INVALID_SPEC = "InvalidSpec"
+OWNED_CONDITIONS = (Condition.READY, Condition.PROGRESSING, Condition.DEGRADED)
 # Status fields the reconciler owns (server-side apply: a field it leaves out of a
 # write is removed, so a write that cannot compute them carries the old values).
 OWNED_FIELDS = (
@@ -60,21 +60,31 @@ def build_status(
     current = serving.current_replicas if serving else 0
     want = svc.spec.replicas
     if want == 0:
-        ready_c = (False, "ScaledToZero", "spec.replicas is 0")
+        ready_c = (False, Reason.SCALED_TO_ZERO, "spec.replicas is 0")
     elif serving is None:
-        ready_c = (False, "NotServing", "no version is serving yet")
+        ready_c = (False, Reason.NOT_SERVING, "no version is serving yet")
     elif ready >= want:
-        ready_c = (True, "AllReplicasReady", f"{ready}/{want} replicas of {serving.version} ready")
+        ready_c = (
+            True,
+            Reason.ALL_REPLICAS_READY,
+            f"{ready}/{want} replicas of {serving.version} ready",
+        )
     elif ready > 0:  # serving, with less capacity than asked for (scaling up, pod lost)
-        ready_c = (True, "PartiallyReady", f"{ready}/{want} replicas of {serving.version} ready")
+        ready_c = (
+            True,
+            Reason.PARTIALLY_READY,
+            f"{ready}/{want} replicas of {serving.version} ready",
+        )
     else:
-        ready_c = (False, "NoReadyReplicas", f"0/{want} replicas of {serving.version} ready")
-    conditions = set_condition(conditions, "Ready", *ready_c, gen, now)
+        ready_c = (False, Reason.NO_READY_REPLICAS, f"0/{want} replicas of {serving.version} ready")
+    conditions = set_condition(conditions, Condition.READY, *ready_c, gen, now)
     pc, dc = plan.progressing, plan.degraded
     conditions = set_condition(
-        conditions, "Progressing", pc.status, pc.reason, pc.message, gen, now
+        conditions, Condition.PROGRESSING, pc.status, pc.reason, pc.message, gen, now
     )
-    conditions = set_condition(conditions, "Degraded", dc.status, dc.reason, dc.message, gen, now)
+    conditions = set_condition(
+        conditions, Condition.DEGRADED, dc.status, dc.reason, dc.message, gen, now
+    )
 
     status: dict[str, Any] = {
         "observedGeneration": gen,
@@ -109,11 +119,11 @@ def compression_patch(svc: SlimSpecService, ratio: float, now_text: str) -> dict
     if svc.spec.tuning.enabled:
         if current.get("ratio") is not None:
             return None
-        reason = "Initial"
+        reason = Reason.INITIAL
     else:
         if current.get("ratio") is not None and float(current["ratio"]) == ratio:
             return None
-        reason = "Spec"
+        reason = Reason.SPEC
     return {"ratio": ratio, "reason": reason, "lastChangeTime": now_text}
 
 
@@ -158,12 +168,16 @@ def refused(
     Progressing=False with `reason`; Ready left as it was computed or last written."""
     out = {k: v for k, v in status.items() if k in OWNED_FIELDS}
     conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
-    if not any(c.get("type") == "Ready" for c in conditions):
+    if not any(c.get("type") == Condition.READY for c in conditions):
         conditions = set_condition(
-            conditions, "Ready", False, reason, "not reconciled", generation, now
+            conditions, Condition.READY, False, reason, "not reconciled", generation, now
         )
-    conditions = set_condition(conditions, "Progressing", False, reason, message, generation, now)
-    conditions = set_condition(conditions, "Degraded", True, reason, message, generation, now)
+    conditions = set_condition(
+        conditions, Condition.PROGRESSING, False, reason, message, generation, now
+    )
+    conditions = set_condition(
+        conditions, Condition.DEGRADED, True, reason, message, generation, now
+    )
     out["conditions"] = [c for c in conditions if c["type"] in OWNED_CONDITIONS]
     out["observedGeneration"] = generation
     return out

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from slimspec_operator.kube.conditions import format_time, parse_time
+from slimspec_operator.rollout.reasons import Reason as SeedReason
 from slimspec_operator.tuning import predictions as rp
 from slimspec_operator.tuning import trials as fx
 from slimspec_operator.tuning.reasons import Reason
@@ -243,7 +244,7 @@ def compression_status(
     history = list(old.get("history") or [])
     out: dict[str, Any] = {
         "ratio": ratio,
-        "reason": old.get("reason", "Initial"),
+        "reason": old.get("reason", SeedReason.INITIAL),
         "history": history,
     }
     for key in ("lastChangeTime", "lastRaise"):
