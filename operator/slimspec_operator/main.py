@@ -24,10 +24,19 @@ def load_handlers() -> list[str]:
     importlib.import_module("slimspec_operator.rollout.handlers")
     loaded = ["slimspec_operator.rollout.handlers"]
     for name in OPTIONAL_HANDLER_MODULES:
-        if importlib.util.find_spec(name) is not None:  # the tuner ships separately
+        if _installed(name):  # the tuner ships separately
             importlib.import_module(name)
             loaded.append(name)
     return loaded
+
+
+def _installed(name: str) -> bool:
+    """Whether module `name` can be imported; False also when its package is absent
+    (find_spec of a submodule imports the package, and raises without it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 class _QuietRoutine(logging.Filter):

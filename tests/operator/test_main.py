@@ -19,5 +19,6 @@ def test_defaults_and_flags(monkeypatch: pytest.MonkeyPatch):
 def test_optional_handler_modules_are_imported_only_when_present(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    monkeypatch.setattr(main, "OPTIONAL_HANDLER_MODULES", ("slimspec_operator.not_there",))
+    absent = ("slimspec_operator.not_there", "slimspec_operator.no_package.handlers")
+    monkeypatch.setattr(main, "OPTIONAL_HANDLER_MODULES", absent)
     assert main.load_handlers() == ["slimspec_operator.rollout.handlers"]
