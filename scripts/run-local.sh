@@ -12,6 +12,8 @@
 #   SLIMSPEC_DTYPE    float32 | bfloat16 | float16 (bfloat16: the fast choice on CPU)
 #   SLIMSPEC_DEVICE   cpu | cuda | auto (auto: cuda when there is one, else cpu)
 #   SLIMSPEC_DRAFT_QUANTIZATION  auto (default here: int4-fused draft on CPU) | none | ...
+#   SLIMSPEC_TARGET_QUANTIZATION auto (default: the target from its GGUF's own blocks on
+#                     CPU, the log says 'target weights: gguf ...') | gguf | int8 | none
 # Extra arguments go to `slimspec serve` (e.g. --compression-ratio 0.5).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -35,6 +37,7 @@ exec "$VENV/bin/slimspec" serve \
   --dtype "${SLIMSPEC_DTYPE:-bfloat16}" \
   --device "${SLIMSPEC_DEVICE:-auto}" \
   --draft-quantization "${SLIMSPEC_DRAFT_QUANTIZATION:-auto}" \
+  --target-quantization "${SLIMSPEC_TARGET_QUANTIZATION:-auto}" \
   --host "$host" \
   --port "$port" \
   "$@"

@@ -115,3 +115,13 @@ def test_operator_command_line_parses() -> None:
     argv = ["--host", "0.0.0.0", "--port", "8080", "--max-queue", "32", "--batch-wait-ms", "5"]
     cfg = build_config(serve_parser({}).parse_args(argv), {})
     assert cfg.scheduler.max_queue == 32 and cfg.scheduler.batch_wait_s == 0.005
+
+
+def test_target_quantization_from_env_and_flag() -> None:
+    assert build_config(serve_parser({}).parse_args([]), {}).model.target_quantization == "auto"
+    env = {"SLIMSPEC_TARGET_QUANTIZATION": "gguf"}
+    assert build_config(serve_parser(env).parse_args([]), env).model.target_quantization == "gguf"
+    args = serve_parser(env).parse_args(["--target-quantization", "NONE"])
+    assert build_config(args, env).model.target_quantization == "none"
+    with pytest.raises(ValueError, match="auto, gguf, int8, none"):
+        build_config(serve_parser({}).parse_args(["--target-quantization", "int4"]), {})

@@ -15,6 +15,9 @@ def client(server: str) -> openai.OpenAI:
 def test_models_list(client: openai.OpenAI) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny-a"]
+    # what the target's weights are served from: the tiny dense models, as loaded
+    entry = models.data[0].model_dump()
+    assert entry["target_quantization"] == "none" and entry["target_form"]
 
 
 def test_completion_and_stream_agree(client: openai.OpenAI) -> None:
