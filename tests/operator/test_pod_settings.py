@@ -192,3 +192,20 @@ def test_disruption_budget_covers_every_engine_pod() -> None:
 
 def test_status_url() -> None:
     assert m.status_url(svc(service={"port": 80})) == "http://chat.ml.svc:80"
+
+
+def test_target_quantization_reaches_the_engine_and_bad_values_are_refused() -> None:
+    def env_of(s: SlimSpecService) -> dict[str, Any]:
+        return {e["name"]: e.get("value") for e in pod_of(s)["spec"]["containers"][0]["env"]}
+
+    assert env_of(svc())["SLIMSPEC_TARGET_QUANTIZATION"] == "auto"
+    model = {**body()["spec"]["model"], "targetQuantization": "int8"}
+    chosen = svc(model=model)
+    assert env_of(chosen)["SLIMSPEC_TARGET_QUANTIZATION"] == "int8"
+    # another form is another pod template: a rollout, like a version change
+    assert pod_of(chosen) != pod_of(svc())
+    with pytest.raises(ValidationError, match="targetQuantization"):
+        svc(model={**model, "targetQuantization": "int4"})
+    assert SPEC["properties"]["model"]["properties"]["targetQuantization"]["enum"] == [
+        "auto", "gguf", "int8", "none"
+    ]  # fmt: skip

@@ -105,6 +105,8 @@ class ModelSpec(_Model):
     )
     target: ModelSource
     draft: ModelSource
+    # The engine's SLIMSPEC_TARGET_QUANTIZATION (engine/slimspec/cpu/target_form.py).
+    target_quantization: Literal["auto", "gguf", "int8", "none"] = "auto"
 
 
 class CompressionSpec(_Model):

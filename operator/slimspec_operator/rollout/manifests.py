@@ -161,6 +161,7 @@ def pod_template(svc: SlimSpecService) -> Manifest:
         {"name": "MODEL_PATH", "value": paths["target"]},
         {"name": "DRAFT_MODEL_PATH", "value": paths["draft"]},
         {"name": "MODEL_VERSION", "value": spec.model.version},
+        {"name": "SLIMSPEC_TARGET_QUANTIZATION", "value": spec.model.target_quantization},
         _cm_env("COMPRESSION_RATIO", RATIO_KEY, cm),
         _cm_env("QUALITY_THRESHOLD", THRESHOLD_KEY, cm),
         _cm_env("FALLBACK_STRATEGY", FALLBACK_KEY, cm),
