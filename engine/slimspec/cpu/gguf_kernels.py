@@ -252,6 +252,26 @@ def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
     return out.reshape(n, k // 32 * 34)
 
 
+_recent = threading.local()  # this thread's last quantised activation rows
+
+
+def _shared(rows: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """quantize_rows(rows, block), reused when the projections that read the same
+    activations (q, k, v; gate, up) ask for it in turn. The entry holds the rows
+    themselves, so their memory cannot be reused by another tensor while it is cached,
+    and the version counter catches an in-place change."""
+    # Inference-mode tensors keep no version counter; the projections that share an
+    # input are called one after the other on it, with nothing writing it in between.
+    version = -1 if rows.is_inference() else rows._version
+    key = (rows.data_ptr(), version, tuple(rows.shape), rows.stride(), rows.dtype, block)
+    cached = getattr(_recent, "entry", None)
+    if cached is not None and cached[0] == key:
+        return cached[2]
+    quantized = quantize_rows(rows, block)
+    _recent.entry = (key, rows, quantized)
+    return quantized
+
+
 def _require() -> ctypes.CDLL:
     lib = load()
     if lib is None:
@@ -289,7 +309,11 @@ class GGUFLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = matmul(self.ggml_type, self.blocks, self.in_features, x.reshape(-1, self.in_features))
+        rows = x.reshape(-1, self.in_features)
+        block = ACTIVATION_BLOCK[self.ggml_type]
+        y = matmul(
+            self.ggml_type, self.blocks, self.in_features, rows, quantized=_shared(rows, block)
+        )
         if self.bias is not None:
             y += self.bias
         return y.to(x.dtype).reshape(*lead, self.out_features)
