@@ -23,7 +23,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from slimspec.cpu import gguf_kernels
-from slimspec.cpu.target_attention import allowed_keys
+from slimspec.cpu.target_attention import allowed_keys, sdpa_only
 
 NAME = "slimspec_rowwise"
 
@@ -40,20 +40,12 @@ def rowwise_attention(
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-function contract: query (B, Hq, T, d), key/value (B, Hkv, L, d)
     -> ((B, T, Hq, d), None)."""
-    _, hq, t, d = query.shape
-    n_keys = key.shape[2]
-    unsupported = (
-        query.device.type != "cpu"
-        or hq % key.shape[1]
-        or dropout
-        or module.training
-        or any(kwargs.get(name) is not None for name in ("softcap", "sliding_window", "s_aux"))
-    )
-    if unsupported:
+    t, d = query.shape[2], query.shape[3]
+    if sdpa_only(module, query, key, dropout, kwargs):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    allowed = allowed_keys(attention_mask, t, n_keys)  # None on several queries: causal
+    allowed = allowed_keys(attention_mask, t, key.shape[2])  # None on several queries: causal
     scale = d**-0.5 if scaling is None else float(scaling)
     out = gguf_kernels.attention_rows(query.transpose(1, 2), key, value, allowed, scale)
     return out.to(query.dtype), None

@@ -41,6 +41,24 @@ def allowed_keys(mask: torch.Tensor | None, t: int, n_keys: int) -> torch.Tensor
     return mask if mask.dtype == torch.bool else mask == 0
 
 
+def sdpa_only(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> bool:
+    """True for calls no native attention here covers: not on CPU, heads not grouped
+    evenly, dropout, training, softcapping, sliding windows or attention sinks."""
+    return bool(
+        query.device.type != "cpu"
+        or query.shape[1] % key.shape[1]
+        or dropout
+        or module.training
+        or any(kwargs.get(name) is not None for name in ("softcap", "sliding_window", "s_aux"))
+    )
+
+
 def small_query_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -57,14 +75,10 @@ def small_query_attention(
     lib = native_kernels.load()
     unsupported = (
         query.dtype != torch.bfloat16
-        or query.device.type != "cpu"
         or t > SMALL_QUERY
         or d % 16
         or d > 256
-        or hq % key.shape[1]
-        or dropout
-        or module.training
-        or any(kwargs.get(name) is not None for name in ("softcap", "sliding_window", "s_aux"))
+        or sdpa_only(module, query, key, dropout, kwargs)
     )
     allowed = None if lib is None or unsupported else allowed_keys(attention_mask, t, key.shape[2])
     if lib is None or allowed is None:
