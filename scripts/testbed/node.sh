@@ -471,7 +471,14 @@ cleanup_stale() {
   local dir owner watchdog
   for dir in /tmp/"$RUN_PREFIX"*/; do
     dir="${dir%/}"
-    owner="$(cat "$dir/owner.pid" 2>/dev/null || state "$dir" OWNER_PID)"
+    if [[ "$dir" == /tmp/"$RUN_PREFIX"import-* ]]; then
+      # an image import killed before its own clean-up (it has no owner or state):
+      # gone once its containerd is
+      alive "$(cat "$dir/containerd.pid" 2>/dev/null || true)" || rm -rf "$dir"
+      continue
+    fi
+    # `|| true`: a folder killed before it recorded anything has neither file
+    owner="$(cat "$dir/owner.pid" 2>/dev/null || state "$dir" OWNER_PID || true)"
     watchdog="$(cat "$dir/watchdog.pid" 2>/dev/null || true)"
     if [[ -f "$dir/state.env" ]]; then
       if ! alive "$owner" || ! alive "$watchdog"; then
