@@ -43,7 +43,9 @@ def test_small_model_cache_layout(small_real_model: Path) -> None:
     assert marker["dtype"] == "bfloat16"
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         assert (small_real_model / name).is_file(), name
-    assert not list(small_real_model.glob("*.gguf"))
+    # the GGUF stays beside the safetensors (the target's own form is served from it)
+    assert [p.name for p in small_real_model.glob("*.gguf")] == [SMOLLM2_135M.gguf_name]
+    assert marker["gguf_file"] == SMOLLM2_135M.gguf_name
     config = AutoConfig.from_pretrained(small_real_model)
     assert (config.model_type, config.vocab_size) == ("llama", 49_152)
     assert getattr(config, "quantization_config", None) is None
