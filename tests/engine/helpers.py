@@ -53,3 +53,17 @@ def prompts(n: int, vocab: int, seed: int = 0, lengths=(1, 2, 5, 9, 17)) -> list
         torch.randint(3, vocab, (lengths[i % len(lengths)],), generator=g).tolist()
         for i in range(n)
     ]
+
+
+def target_only(target, reqs) -> list[list[int]]:
+    """The target-only engine (server/baseline.py) on these requests, batched."""
+    from slimspec.server.baseline import TargetOnlyEngine
+
+    eng = TargetOnlyEngine(target, tokenizer=None)
+    out: dict[str, list[int]] = {r.request_id: [] for r in reqs}
+    for r in reqs:
+        eng.add_request(r)
+    while eng.has_work():
+        for o in eng.step():
+            out[o.request_id].extend(o.new_token_ids)
+    return [out[r.request_id] for r in reqs]

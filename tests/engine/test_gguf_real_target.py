@@ -17,10 +17,9 @@ import torch
 from slimspec import SpeculativeDecoder
 from slimspec.cpu import gguf_kernels, target_form
 from slimspec.decoding.types import GenerationRequest, SamplingParams
-from slimspec.server.baseline import TargetOnlyEngine
 from slimspec.weights.loading import load_causal_lm
 
-from tests.engine.helpers import target_greedy
+from tests.engine.helpers import target_greedy, target_only
 
 pytestmark = [
     pytest.mark.slow,
@@ -77,17 +76,6 @@ def test_logits_within_bound_of_the_fp32_dequantised_reference(real_model_pair):
     assert same_prefix >= 16
     del model, reference
     gc.collect()
-
-
-def target_only(target, reqs):
-    eng = TargetOnlyEngine(target, tokenizer=None)
-    out = {r.request_id: [] for r in reqs}
-    for r in reqs:
-        eng.add_request(r)
-    while eng.has_work():
-        for o in eng.step():
-            out[o.request_id].extend(o.new_token_ids)
-    return [out[r.request_id] for r in reqs]
 
 
 def test_speculation_is_exact_for_the_served_form_in_bf16(served_target, real_model_pair):

@@ -18,9 +18,9 @@ import torch
 from slimspec import SpeculativeDecoder
 from slimspec.cpu import gguf_kernels, target_form
 from slimspec.decoding.types import GenerationRequest, SamplingParams
-from slimspec.server.baseline import TargetOnlyEngine
 from transformers import AutoModelForCausalLM
 
+from tests.engine.helpers import target_only
 from tests.support.tiny_gguf import write_tiny_gguf_model
 from tests.support.tiny_models import noisy_copy
 
@@ -80,17 +80,6 @@ def test_a_positions_logits_do_not_depend_on_the_rows_beside_it(served):
             assert torch.equal(model(ids[:, :-cut]).logits, full[:, :-cut])
         batch = model(torch.tensor([PROMPTS[2], PROMPTS[2][::-1]])).logits
     assert torch.equal(batch[:1], full)
-
-
-def target_only(target, reqs: list[GenerationRequest]) -> list[list[int]]:
-    eng = TargetOnlyEngine(target, tokenizer=None)
-    out: dict[str, list[int]] = {r.request_id: [] for r in reqs}
-    for r in reqs:
-        eng.add_request(r)
-    while eng.has_work():
-        for o in eng.step():
-            out[o.request_id].extend(o.new_token_ids)
-    return [out[r.request_id] for r in reqs]
 
 
 def requests(sampling: list[SamplingParams], n: int = 20) -> list[GenerationRequest]:

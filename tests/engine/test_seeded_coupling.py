@@ -10,23 +10,10 @@ import torch
 from slimspec import SpeculativeDecoder
 from slimspec.decoding import sampling as S
 from slimspec.decoding.types import GenerationRequest, SamplingParams
-from slimspec.server.baseline import TargetOnlyEngine
 
-from tests.engine.helpers import target_greedy
+from tests.engine.helpers import target_greedy, target_only
 
 PROMPTS = [[5, 9, 11], [7], [3, 4, 5, 6, 7, 8, 9, 10, 11], [40, 41]]
-
-
-def target_only(target, reqs: list[GenerationRequest]) -> list[list[int]]:
-    """The target-only engine (server/baseline.py) on these requests, batched."""
-    eng = TargetOnlyEngine(target, tokenizer=None)
-    out: dict[str, list[int]] = {r.request_id: [] for r in reqs}
-    for r in reqs:
-        eng.add_request(r)
-    while eng.has_work():
-        for o in eng.step():
-            out[o.request_id].extend(o.new_token_ids)
-    return [out[r.request_id] for r in reqs]
 
 
 def requests(seeds, sp: SamplingParams, n: int = 24) -> list[GenerationRequest]:
