@@ -68,7 +68,7 @@ stop() {
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.2
     done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
   fi
   rm -f "$DOCKER_PID" "$DOCKER_SOCK"
 }

@@ -62,8 +62,11 @@ ctr_() { # ctr_ DIR ARGS...: ctr against the run's containerd (in the namespace,
 }
 
 alive() { # a running process (a zombie, dead but not yet reaped, is not)
-  [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null &&
-    [[ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != Z ]]
+  local st
+  [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null || return 1
+  # Empty: the process was reaped between the two reads, so it is gone too.
+  st="$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)"
+  [[ -n "$st" && "$st" != Z ]]
 }
 
 holder_ready() { # unshare has made the new namespaces (and exec'd sleep)
@@ -267,7 +270,9 @@ stop_pidfile() { # stop_pidfile FILE [SECONDS]: TERM, then KILL
       alive "$pid" || break
       sleep 0.2
     done
-    alive "$pid" && kill -KILL "$pid" 2>/dev/null
+    # `|| true`: it may exit between the check and the kill (errexit would end
+    # the script here without a word).
+    if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
   fi
   rm -f "$1"
 }
@@ -447,7 +452,7 @@ down() {
     kill -KILL $pids 2>/dev/null || true
     sleep 0.3
   done
-  alive "$holder" && kill -KILL "$holder"
+  if alive "$holder"; then kill -KILL "$holder" 2>/dev/null || true; fi
   # The namespaces go with their last process: interfaces, iptables rules and every
   # mount made inside (pod volumes, /run, /var/lib, sysctl files) with them.
   local h
