@@ -507,7 +507,7 @@ class SpeculativeDecoder(Engine):
         prefill_s = self._cost.marginal_seconds(riding_tokens, verdict.seconds)
         if shadow:
             self._compressed.shadow_check(proposal, verdict, s, self.stats)
-        outcomes = verdict.outcomes(proposal)
+        outcomes = verdict.outcomes(proposal, [r.req.logprobs for r in rows])
         n_rows = len(rows)
         target_s = verdict.seconds - prefill_s
         self.stats.prefill_time_s += prefill_s

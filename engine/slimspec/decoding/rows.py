@@ -21,7 +21,13 @@ from slimspec.decoding.grouped_forward import Group
 from slimspec.decoding.kv import BatchKV, forward
 from slimspec.decoding.sampling import BatchSampling
 from slimspec.decoding.stats import DecoderStats, record_request_verification
-from slimspec.decoding.types import GenerationRequest, GenerationResult, RequestStats, StepOutput
+from slimspec.decoding.types import (
+    GenerationRequest,
+    GenerationResult,
+    RequestStats,
+    StepOutput,
+    TokenLogprob,
+)
 
 
 @dataclass
@@ -34,6 +40,7 @@ class Row:
     seed: int | None = None  # sampling rows only; randomness is keyed by (seed, position)
     est: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     idle_steps: int = 0  # consecutive k = 0 steps (adaptive skip)
+    logprobs: list[TokenLogprob] | None = None  # per output token, when the request asked
 
     @classmethod
     def unstarted(cls, req: GenerationRequest) -> Row:
@@ -69,6 +76,7 @@ class RowOutcome:
     emitted: list[int]
     accepted: int
     sibling_hit: bool
+    logprobs: list[TokenLogprob] | None = None  # per emitted token, when the row asked
 
 
 def right_aligned(
@@ -318,6 +326,8 @@ class RowBatch:
             if seed is None:
                 seed = int.from_bytes(os.urandom(8), "little")
         row = Row(req, p, len(p), draft_seen=len(p) - 1, seed=seed)
+        if req.logprobs is not None:
+            row.logprobs = []
         row.stats.prefill_time_s = prefill_s
         self.rows.append(row)
 
@@ -375,7 +385,13 @@ class RowBatch:
             r.stats.target_time_s += target_s
             new_tokens, reason = self._append(r, o.emitted)
             stats.generated_tokens += len(new_tokens)
-            outputs.append(StepOutput(r.req.request_id, new_tokens, reason is not None, reason))
+            lps = None
+            if r.logprobs is not None and o.logprobs is not None:
+                lps = o.logprobs[: len(new_tokens)]  # what a stop or the length cut kept
+                r.logprobs.extend(lps)
+            outputs.append(
+                StepOutput(r.req.request_id, new_tokens, reason is not None, reason, lps)
+            )
             if reason is None:
                 keep.append(i)
             else:
@@ -412,5 +428,5 @@ class RowBatch:
     def _finish(self, r: Row, reason: str, stats: DecoderStats) -> None:
         stats.requests_finished += 1
         self.results[r.req.request_id] = GenerationResult(
-            r.req.request_id, list(r.req.prompt_ids), list(r.output), reason, r.stats
+            r.req.request_id, list(r.req.prompt_ids), list(r.output), reason, r.stats, r.logprobs
         )

@@ -28,6 +28,10 @@ class SamplingParams:
         return not self.temperature >= GREEDY_TEMPERATURE  # NaN is greedy too
 
 
+# Most alternatives a position's log-probabilities list (OpenAI's top_logprobs limit).
+MAX_TOP_LOGPROBS = 20
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One sequence to decode. prompt_ids are already tokenized."""
@@ -37,6 +41,20 @@ class GenerationRequest:
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_token_ids: frozenset[int] = frozenset()  # e.g. EOS; generation ends after one
+    # None: no log-probabilities; n >= 0: each emitted token's, with the n likeliest
+    # alternatives at its position (decoding/logprobs.py).
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target's own distribution at its
+    position (raw logits: before temperature, top-k and top-p), and the likeliest
+    alternatives there as (token id, log-probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -72,6 +90,7 @@ class StepOutput:
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None = None  # "stop" (stop token) | "length" | "cancelled"
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked
 
 
 @dataclass
@@ -81,3 +100,4 @@ class GenerationResult:
     output_ids: list[int]  # generated tokens only, without the prompt
     finish_reason: str
     stats: RequestStats
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when asked

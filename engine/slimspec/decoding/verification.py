@@ -4,7 +4,7 @@ and the exact decision of what each row keeps (sampling.py, siblings.py decide).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 from slimspec.decoding.drafting import Proposal
 from slimspec.decoding.grouped_forward import Group, forward_groups
 from slimspec.decoding.kv import decoder_stack, forward
+from slimspec.decoding.logprobs import token_logprobs
 from slimspec.decoding.rows import RowBatch, RowOutcome
 from slimspec.decoding.sampling import BatchSampling, full_vocab_q
 from slimspec.decoding.siblings import tree_attention, tree_positions, verify_greedy_siblings
@@ -28,20 +29,31 @@ class Verdict:
     target_argmax: torch.Tensor | None  # (B, 1+k+m) when asked for (the shadow check)
     cache_start: int  # target cache column of the verification's first slot
     seconds: float  # the phase's time
+    logits: torch.Tensor | None = None  # (B, 1+k+m, V) the target's, for log-probabilities
 
-    def outcomes(self, proposal: Proposal) -> list[RowOutcome]:
+    def outcomes(self, proposal: Proposal, logprobs: Sequence[int | None] = ()) -> list[RowOutcome]:
         """Per row: the accepted drafts, then the sibling and the target's token after it
-        on a sibling hit, else the target's token (the correction or the bonus)."""
+        on a sibling hit, else the target's token (the correction or the bonus).
+        logprobs[i] (None: not wanted) asks for row i's emitted tokens' log-probabilities
+        with that many alternatives each."""
         acc, nxt = self.num_accepted.tolist(), self.next_token.tolist()
         hit = self.sibling_hit.tolist()
         drafts, siblings = proposal.tokens.tolist(), proposal.siblings.tolist()
         out = []
         for i, a in enumerate(acc):
+            # logits column of each emitted token: the chain's slots 0..a, or on a sibling
+            # hit the break's slot a, then the sibling's own slot behind the chain
             if hit[i]:
                 emitted = [*drafts[i][:a], siblings[i][a], nxt[i]]
+                cols = [*range(a + 1), 1 + proposal.k + a]
             else:
                 emitted = [*drafts[i][:a], nxt[i]]
-            out.append(RowOutcome(emitted, a, bool(hit[i])))
+                cols = list(range(a + 1))
+            top = logprobs[i] if i < len(logprobs) else None
+            lps = None
+            if top is not None and self.logits is not None:
+                lps = token_logprobs(self.logits[i, cols], emitted, top)
+            out.append(RowOutcome(emitted, a, bool(hit[i]), lps))
         return out
 
 
@@ -97,7 +109,7 @@ class TargetVerifier:
             if want_argmax:
                 argmax = logits.argmax(dim=-1)
         seconds = self._clock() - t0
-        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds)
+        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds, logits)
 
     def keep_accepted(self, batch: RowBatch, proposal: Proposal, verdict: Verdict) -> None:
         """The target cache keeps each row's last token and accepted drafts, and an

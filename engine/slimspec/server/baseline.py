@@ -18,6 +18,7 @@ import torch
 
 from slimspec.cpu.target_form import TargetForm, served_form
 from slimspec.decoding.engine import NO_DRAFT_RATIO, DraftHeadInfo, Engine, eos_token_ids
+from slimspec.decoding.logprobs import token_logprobs
 from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.sampling import coupled_choice, race_noise, sampling_tensors, warp_probs
 from slimspec.decoding.stats import DecoderStats
@@ -27,6 +28,7 @@ from slimspec.decoding.types import (
     RequestStats,
     SamplingParams,
     StepOutput,
+    TokenLogprob,
 )
 
 
@@ -151,11 +153,15 @@ class TargetOnlyEngine(Engine):
         tok = choose_token(out.logits[0, -1], seq.req.sampling, seq.seed, position)
         seq.output.append(tok)
         seq.next_input = [tok]
+        lps: list[TokenLogprob] | None = None
+        if seq.req.logprobs is not None:
+            lps = token_logprobs(out.logits[0, -1:], [tok], seq.req.logprobs)
+        rid = seq.req.request_id
         if tok in seq.req.stop_token_ids:
-            return StepOutput(seq.req.request_id, [tok], True, "stop")
+            return StepOutput(rid, [tok], True, "stop", lps)
         if len(seq.output) >= seq.req.max_new_tokens:
-            return StepOutput(seq.req.request_id, [tok], True, "length")
-        return StepOutput(seq.req.request_id, [tok], False)
+            return StepOutput(rid, [tok], True, "length", lps)
+        return StepOutput(rid, [tok], False, None, lps)
 
     def step(self) -> list[StepOutput]:
         """One token for every request whose prompt is in; prompts are prefilled in chunks
@@ -186,20 +192,29 @@ class TargetOnlyEngine(Engine):
         max_new_tokens: int,
         sampling: SamplingParams | None = None,
         stop_token_ids: frozenset[int] = frozenset(),
+        logprobs: int | None = None,
     ) -> GenerationResult:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         req = GenerationRequest(
-            "generate", ids, max_new_tokens, sampling or SamplingParams(), frozenset(stop_token_ids)
+            "generate",
+            ids,
+            max_new_tokens,
+            sampling or SamplingParams(),
+            frozenset(stop_token_ids),
+            logprobs,
         )
         self.add_request(req)
         toks: list[int] = []
+        lps: list[TokenLogprob] | None = None if logprobs is None else []
         reason = "length"
         while self.has_work():
             for o in self.step():
                 toks.extend(o.new_token_ids)
+                if lps is not None and o.logprobs is not None:
+                    lps.extend(o.logprobs)
                 if o.finished:
                     reason = o.finish_reason or reason
-        return GenerationResult("generate", ids, toks, reason, RequestStats())
+        return GenerationResult("generate", ids, toks, reason, RequestStats(), lps)
 
     def warmup(self) -> None:
         self.generate(self.tokenizer.encode("Hello") or [0], 2)
