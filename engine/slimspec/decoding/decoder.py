@@ -32,6 +32,7 @@ from slimspec.decoding.compression import CompressedHead, resolve_rerank
 from slimspec.decoding.drafting import Drafter, HeadDrafter, HeadInUse
 from slimspec.decoding.engine import DraftHeadInfo, Engine, eos_token_ids
 from slimspec.decoding.kv import decoder_stack
+from slimspec.decoding.prefix_cache import BLOCK_TOKENS, PrefixCache, mb_to_bytes, resolve_mb
 from slimspec.decoding.quality import ShadowCheck
 from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.rows import RowBatch
@@ -190,6 +191,8 @@ class SpeculativeDecoder(Engine):
         prefill_batch: int = 8,
         prefill_chunk: int = 512,
         fuse_prefill: bool | None = None,
+        prefix_cache_mb: float | None = None,
+        prefix_block_tokens: int = BLOCK_TOKENS,
         adaptive_skip: bool = True,
         shadow_min_samples: int = 64,
         shadow_window: int = 256,
@@ -271,7 +274,10 @@ class SpeculativeDecoder(Engine):
             prefill_chunk,
             self.fused_prefill,
         )
+
         self._step_lock = threading.Lock()
+        self._prefix_block_tokens = prefix_block_tokens
+        self.set_prefix_cache_mb(resolve_mb(prefix_cache_mb, os.environ))
 
     # ----------------------------------------------------------------- settings
     @property
@@ -295,6 +301,20 @@ class SpeculativeDecoder(Engine):
         with self._step_lock:
             self._batch.fuse_prefill = on and self.fused_prefill
             return self._batch.fuse_prefill
+
+    def set_prefix_cache_mb(self, mb: float) -> None:
+        """Size the prefix cache (MiB; 0 turns it off) from the next admission on; a new
+        cache starts empty (benchmarks A/B it in one process)."""
+        size = mb_to_bytes(mb)
+        cache = PrefixCache(size, self._prefix_block_tokens) if size else None
+        with self._step_lock:
+            self._batch.set_prefix_cache(cache, self.stats)
+        log.info("prefix cache: %s", f"{mb:g} MiB" if cache else "off")
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache in use (None: off)."""
+        return self._batch.prefix_cache
 
     @property
     def quality_threshold(self) -> float:

@@ -184,6 +184,39 @@ class BatchKV:
             a.keys = torch.cat([a_keys, b_keys], dim=0)
             a.values = torch.cat([a_values, b_values], dim=0)
 
+    def row_slots(self, row: int, start: int, end: int) -> torch.Tensor:
+        """Keys and values of one row's valid slots start..end, counted in the row's valid
+        order (its tokens; holes skipped): (layers, 2, kv heads, end - start, head dim), a
+        new tensor (the prefix cache's copy; prefix_cache.py)."""
+        n = end - start
+        cols = torch.nonzero(self.valid[row]).squeeze(1)[start:end]
+        if cols.numel() != n or n <= 0:
+            raise ValueError(f"row {row} has no valid slots {start}..{end}")
+        first = int(cols[0])
+        together = int(cols[-1]) - first == n - 1  # no holes between them: a slice
+        parts: list[torch.Tensor] = []
+        for layer in self._layers():
+            keys, values = _filled(layer)
+            if together:
+                parts += [keys[row, :, first : first + n], values[row, :, first : first + n]]
+            else:
+                parts += [keys[row][:, cols], values[row][:, cols]]
+        stacked = torch.stack(parts)
+        return stacked.view(len(parts) // 2, 2, *stacked.shape[1:])
+
+    @classmethod
+    def from_slots(cls, device: torch.device | str, config: Any, slots: torch.Tensor) -> BatchKV:
+        """A one-row cache holding these slots, all valid: slots (layers, 2, kv heads, n,
+        head dim), as row_slots gives them (a prompt's cached prefix)."""
+        kv = cls(device)
+        cache = DynamicCache(config=config)
+        for i in range(slots.shape[0]):
+            cache.update(slots[i, 0].unsqueeze(0), slots[i, 1].unsqueeze(0), i)
+        kv.cache = cache
+        kv.valid = torch.ones(1, slots.shape[3], dtype=torch.bool, device=device)
+        kv._layers()  # full attention only, as every BatchKV
+        return kv
+
     def _pad_left(self, length: int) -> None:
         pad = length - self.length
         if pad <= 0:

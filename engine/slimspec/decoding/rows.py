@@ -2,6 +2,11 @@
 
 Invariants per row: the target cache holds seq[:-1] (the last token is always the
 first input of the next verification); the draft cache holds seq[:draft_seen].
+
+With a prefix cache (prefix_cache.py), a new prompt's caches start from the longest
+stored prefix of prompt[:-1] and only the rest is prefilled (chunked, or riding on the
+verification); every prompt's full blocks are stored once both models' caches hold
+them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from slimspec.decoding.adaptive import AcceptanceEstimate
 from slimspec.decoding.grouped_forward import Group
 from slimspec.decoding.kv import BatchKV, forward
+from slimspec.decoding.prefix_cache import PrefixCache
 from slimspec.decoding.sampling import BatchSampling
 from slimspec.decoding.stats import DecoderStats, record_request_verification
 from slimspec.decoding.types import (
@@ -59,6 +65,7 @@ class PrefillJob:
 
     req: GenerationRequest
     done: int = 0  # tokens of prompt[:-1] already in kv_t / kv_d
+    cached: int = 0  # of them, tokens that came from the prefix cache
     kv_t: BatchKV | None = None
     kv_d: BatchKV | None = None
     seconds: float = 0.0
@@ -119,6 +126,7 @@ class RowBatch:
         prefill_batch: int,
         prefill_chunk: int = 512,
         fuse_prefill: bool = False,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.rows: list[Row] = []
         self.target_kv = BatchKV(device)
@@ -135,6 +143,9 @@ class RowBatch:
         # (the target must be grouped_forward-enabled; no sibling drafts).
         self.fuse_prefill = fuse_prefill
         self.riding: list[Group] = []  # target prefill of the last n_riding rows
+        self._riding_base: list[int] = []  # per riding group: cache slots before its prompt
+        self.prefix_cache = prefix_cache  # None: off
+        self._evictions_seen = 0
         self._prefilling: deque[PrefillJob] = deque()
         self.admitted: list[GenerationRequest] = []  # admitted by the last admit()
         self._queue_lock = threading.Lock()
@@ -196,9 +207,61 @@ class RowBatch:
                 todo.append(req)
         self.admitted = todo
         todo.sort(key=lambda r: len(r.prompt_ids))  # similar lengths together: less padding
-        self._prefilling.extend(PrefillJob(r) for r in todo)
+        self._prefilling.extend(self._new_job(r, stats) for r in todo)
         self._prefill_within_budget(stats)
+        self._prefix_stats(stats)
         return outputs
+
+    def _new_job(self, req: GenerationRequest, stats: DecoderStats) -> PrefillJob:
+        """A prefill job, its caches started from the longest cached prefix of prompt[:-1]."""
+        job = PrefillJob(req)
+        if self.prefix_cache is None:
+            return job
+        t0 = time.perf_counter()
+        hit = self.prefix_cache.lookup(req.prompt_ids[:-1])
+        stats.prefix_lookups += 1
+        if hit.target is not None and hit.draft is not None:
+            job.kv_t = BatchKV.from_slots(self.device, self._target_base.config, hit.target)
+            job.kv_d = BatchKV.from_slots(self.device, self._draft_base.config, hit.draft)
+            job.done = job.cached = hit.tokens
+            stats.prefix_hits += 1
+            stats.prefix_hit_tokens += hit.tokens
+        elapsed = time.perf_counter() - t0
+        job.seconds += elapsed
+        stats.prefill_time_s += elapsed
+        return job
+
+    def _prefix_stats(self, stats: DecoderStats) -> None:
+        if self.prefix_cache is None:
+            return
+        now = self.prefix_cache.stats()
+        stats.prefix_evictions += max(0, now.evictions - self._evictions_seen)
+        self._evictions_seen = now.evictions
+        stats.prefix_cache_bytes, stats.prefix_cache_blocks = now.bytes, now.blocks
+
+    def set_prefix_cache(self, cache: PrefixCache | None, stats: DecoderStats) -> None:
+        """Use this prefix cache (None: none) from the next admission on (step thread)."""
+        self.prefix_cache = cache
+        self._evictions_seen = cache.stats().evictions if cache is not None else 0
+        stats.prefix_cache_bytes = stats.prefix_cache_blocks = 0
+        self._prefix_stats(stats)
+
+    def _store_prefix(
+        self, req: GenerationRequest, kv_t: BatchKV, row_t: int, kv_d: BatchKV, row_d: int
+    ) -> None:
+        """Store the full blocks of the request's prompt[:-1] from the rows that hold it
+        (their first valid slots) in the prefix cache."""
+        cache = self.prefix_cache
+        n = len(req.prompt_ids) - 1
+        if cache is None or n < cache.block_tokens:
+            return
+        cache.store(
+            req.prompt_ids[:n],
+            lambda start, end: (
+                kv_t.row_slots(row_t, start, end),
+                kv_d.row_slots(row_d, start, end),
+            ),
+        )
 
     def _prefill_within_budget(self, stats: DecoderStats) -> None:
         """Prefill at most prefill_chunk prompt tokens this step, in arrival order: prompts
@@ -206,10 +269,15 @@ class RowBatch:
         the next steps, so one long prompt never stalls the rows that are decoding."""
         budget = self.prefill_chunk
         whole: list[GenerationRequest] = []
+        rests: list[PrefillJob] = []  # cached prefixes whose rest fits now
         while self._prefilling:
             job = self._prefilling[0]
-            if job.done == 0 and job.remaining <= budget:
-                whole.append(self._prefilling.popleft().req)
+            if job.done == job.cached and job.remaining <= budget:
+                self._prefilling.popleft()
+                if job.cached:
+                    rests.append(job)
+                else:
+                    whole.append(job.req)
                 budget -= job.remaining
                 continue
             if budget <= 0:
@@ -219,13 +287,46 @@ class RowBatch:
             budget -= n
             if job.remaining == 0:
                 self._prefilling.popleft()
-                assert job.kv_t is not None and job.kv_d is not None
-                self.target_kv.append_rows(job.kv_t)
-                self.draft_kv.append_rows(job.kv_d)
-                self._join(job.req, job.seconds)
+                self._complete(job)
         ride = self.fuse_prefill and bool(self.rows)  # a verification follows this step
+        if not ride:
+            for job in rests:
+                if job.remaining:
+                    self._prefill_chunk(job, job.remaining, stats)
+                self._complete(job)
         for i in range(0, len(whole), self._prefill_batch):
             self._prefill(whole[i : i + self._prefill_batch], stats, ride)
+        if ride:
+            for job in rests:
+                self._ride_rest(job, stats)
+
+    def _complete(self, job: PrefillJob) -> None:
+        """A job whose caches hold all of prompt[:-1] joins the batch."""
+        assert job.kv_t is not None and job.kv_d is not None
+        self._store_prefix(job.req, job.kv_t, 0, job.kv_d, 0)
+        self.target_kv.append_rows(job.kv_t)
+        self.draft_kv.append_rows(job.kv_d)
+        self._join(job.req, job.seconds, job.cached)
+
+    def _ride_rest(self, job: PrefillJob, stats: DecoderStats) -> None:
+        """A cached prefix's rest: the draft's prefill now, the target's (with the last
+        prompt token) rides on this step's verification, against the cached slots."""
+        assert job.kv_t is not None and job.kv_d is not None
+        t0 = time.perf_counter()
+        prompt = list(job.req.prompt_ids)
+        if job.remaining:
+            ids, pos, real = (
+                t.to(self.device) for t in right_aligned([prompt[job.done : -1]], [job.done])
+            )
+            forward(self._draft_base, job.kv_d, ids, pos, real)
+        rest = right_aligned([prompt[job.done :]], [job.done])
+        self._riding_base.append(job.kv_t.length)
+        self.riding.append(Group(job.kv_t, *(t.to(self.device) for t in rest)))
+        self.draft_kv.append_rows(job.kv_d)
+        stats.fused_prefills += 1
+        elapsed = time.perf_counter() - t0
+        stats.prefill_time_s += elapsed
+        self._join(job.req, job.seconds + elapsed, job.cached)
 
     def _prefill_chunk(self, job: PrefillJob, n: int, stats: DecoderStats) -> None:
         """The next n tokens of one prompt into its own caches (they join when complete)."""
@@ -258,11 +359,14 @@ class RowBatch:
         forward(self._draft_base, kv_d, ids, pos, real)
         if ride:
             whole = right_aligned(prompts, [0] * len(prompts))
+            self._riding_base.append(0)
             self.riding.append(Group(BatchKV(self.device), *(t.to(self.device) for t in whole)))
             stats.fused_prefills += len(reqs)
         else:
             kv_t = BatchKV(self.device)
             forward(self._target_base, kv_t, ids, pos, real)
+            for i, req in enumerate(reqs):
+                self._store_prefix(req, kv_t, i, kv_d, i)
             self.target_kv.append_rows(kv_t)
         self.draft_kv.append_rows(kv_d)
         elapsed = time.perf_counter() - t0
@@ -298,26 +402,31 @@ class RowBatch:
 
     def land_riding(self, accepted: torch.Tensor) -> None:
         """After the verification that carried them: each riding row's target cache keeps
-        its prompt and accepted drafts (accepted (n_riding,)), and joins target_kv."""
+        its prompt and accepted drafts (accepted (n_riding,)), and joins target_kv; the
+        prompts' blocks go to the prefix cache."""
         start = 0
-        for g in self.riding:
+        first = len(self.rows) - self.n_riding  # the riding rows are the batch's last
+        for g, base in zip(self.riding, self._riding_base, strict=True):
             n, width = g.ids.shape
-            g.kv.invalidate_tail(width, accepted[start : start + n])
+            g.kv.invalidate_tail(base + width, accepted[start : start + n])
+            for j in range(n):
+                row = first + start + j
+                self._store_prefix(self.rows[row].req, g.kv, j, self.draft_kv, row)
             self.target_kv.append_rows(g.kv)
             start += n
-        self.riding = []
+        self.riding, self._riding_base = [], []
 
     def drop_riding(self) -> None:
         """After a failed step: riding rows whose target cache may be half written leave
         the batch (the step's exception reaches their callers)."""
         n = self.n_riding
-        self.riding = []
+        self.riding, self._riding_base = [], []
         if n:
             keep = list(range(len(self.rows) - n))
             self.rows = self.rows[: len(keep)]
             self.draft_kv.select_rows(keep)
 
-    def _join(self, req: GenerationRequest, prefill_s: float) -> None:
+    def _join(self, req: GenerationRequest, prefill_s: float, cached: int = 0) -> None:
         """A prefilled request becomes a row (its caches were appended in the same order)."""
         p = list(req.prompt_ids)
         seed = None
@@ -329,6 +438,7 @@ class RowBatch:
         if req.logprobs is not None:
             row.logprobs = []
         row.stats.prefill_time_s = prefill_s
+        row.stats.cached_prompt_tokens = cached
         self.rows.append(row)
 
     def draft_backlog(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

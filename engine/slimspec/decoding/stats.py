@@ -43,6 +43,14 @@ class DecoderStats:
     draft_forwards: int = 0
     sibling_hits: int = 0  # verifications where a sibling draft (siblings.py) was accepted
     target_forwards: int = 0
+    # the prefix cache (prefix_cache.py): prompts looked up, those that hit, prompt tokens
+    # whose prefill was skipped, blocks evicted; bytes and blocks held now
+    prefix_lookups: int = 0
+    prefix_hits: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_evictions: int = 0
+    prefix_cache_bytes: int = 0
+    prefix_cache_blocks: int = 0
     fallbacks: Counter = field(default_factory=Counter)  # reason -> count
     kept_acceptance: float | None = None  # latest shadow-check estimate (compressed / full head)
     shadow_samples: int = 0
@@ -115,6 +123,12 @@ class DecoderStats:
             "kept_acceptance": self.kept_acceptance,
             "sibling_hits": self.sibling_hits,
             "shadow_samples": self.shadow_samples,
+            "prefix_lookups": self.prefix_lookups,
+            "prefix_hits": self.prefix_hits,
+            "prefix_hit_tokens": self.prefix_hit_tokens,
+            "prefix_evictions": self.prefix_evictions,
+            "prefix_cache_bytes": self.prefix_cache_bytes,
+            "prefix_cache_blocks": self.prefix_cache_blocks,
         }
 
 

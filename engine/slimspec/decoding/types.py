@@ -69,6 +69,7 @@ class RequestStats:
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
     prefill_time_s: float = 0.0
+    cached_prompt_tokens: int = 0  # prompt tokens whose prefill the prefix cache skipped
 
     @property
     def mean_accepted_length(self) -> float:
