@@ -55,6 +55,9 @@ completion_body = st.fixed_dictionaries(
         "seed": maybe(st.integers(-(2**64), 2**64)),
         "n": maybe(small),
         "echo": maybe(st.booleans()),
+        "logprobs": maybe(small),
+        "best_of": maybe(small),
+        "extra": junk,
     },
 )
 message = st.fixed_dictionaries(
@@ -65,7 +68,16 @@ message = st.fixed_dictionaries(
 )
 chat_body = st.fixed_dictionaries(
     {"messages": maybe(st.lists(message, max_size=3))},
-    optional={"max_tokens": maybe(small), "stream": maybe(st.booleans()), "top_p": junk},
+    optional={
+        "max_tokens": maybe(small),
+        "stream": maybe(st.booleans()),
+        "top_p": junk,
+        "n": maybe(small),
+        "logprobs": maybe(st.booleans()),
+        "top_logprobs": maybe(small),
+        "response_format": junk,
+        "tools": junk,
+    },
 )
 
 FUZZ = settings(

@@ -85,7 +85,7 @@ def test_errors_are_openai_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.UnprocessableEntityError):
         client.chat.completions.create(model="m", messages=[])
     with pytest.raises(openai.UnprocessableEntityError):
-        client.completions.create(model="m", prompt="x", n=2)
+        client.completions.create(model="m", prompt="x", n=17)  # above MAX_CHOICES
 
 
 def test_raw_sse_format(server: str) -> None:

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimspec.decoding.types import SamplingParams
+from slimspec.decoding.types import SamplingParams, TokenLogprob
 from slimspec.server.errors import ApiError
 from slimspec.server.postprocess import FilterRules, apply_filters, apply_stop, safe_emit_length
 from slimspec.server.scheduler import QueueFull
@@ -25,17 +25,54 @@ class GenParams:
     max_new_tokens: int
     sampling: SamplingParams
     stops: list[str] = field(default_factory=list)
+    logprobs: int | None = None  # None: none; n: each token's, with n alternatives
 
 
 @dataclass
 class GenState:
-    """What a finished (or running) generation produced, for responses and metrics."""
+    """What a finished (or running) generation produced, for responses and metrics.
+
+    With log-probabilities asked for, `logprobs` holds those of the tokens whose text
+    has been released so far (a piece's tokens are appended before it is yielded) and
+    `token_starts` where each one's text starts in the output."""
 
     prompt_tokens: int
     completion_tokens: int = 0
     finish_reason: str | None = None
     ttft_s: float | None = None
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    token_starts: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _TokenText:
+    """Tokens decoded but not yet released, with where each one's text ends."""
+
+    pending: list[tuple[TokenLogprob, int, int]] = field(default_factory=list)  # lp, start, end
+    end: int = 0
+
+    async def add(self, tok: Any, ids: list[int], new: list[TokenLogprob]) -> None:
+        """ids already holds the new tokens at its end; their text ends from decoding."""
+        first = len(ids) - len(new)
+        for j, lp in enumerate(new):
+            text = await asyncio.to_thread(
+                tok.decode, ids[: first + j + 1], skip_special_tokens=True
+            )
+            self.pending.append((lp, self.end, len(text)))
+            self.end = len(text)
+
+    def release(self, state: GenState, upto: int | None) -> None:
+        """Tokens whose text ends by upto (None: all) go to the state, in order."""
+        while self.pending and (upto is None or self.pending[0][2] <= upto):
+            lp, start, _ = self.pending.pop(0)
+            state.logprobs.append(lp)
+            state.token_starts.append(start)
+
+    def release_cut(self, state: GenState, cut: int) -> None:
+        """After a stop sequence cut the text at `cut`: the tokens that made any of it."""
+        while self.pending and self.pending[0][1] < cut:
+            self.release(state, self.pending[0][2])
 
 
 def check_max_tokens(n: int | None, default: int, limit: int, name: str) -> int:
@@ -121,7 +158,12 @@ async def text_deltas(
     t0 = time.monotonic()
     try:
         served, handle = service.submit(
-            served, prompt_ids, params.max_new_tokens, params.sampling, loop
+            served,
+            prompt_ids,
+            params.max_new_tokens,
+            params.sampling,
+            loop,
+            logprobs=params.logprobs,
         )
     except QueueFull as exc:
         raise ApiError(429, "overloaded", str(exc), retry_after=exc.retry_after_s) from None
@@ -132,6 +174,7 @@ async def text_deltas(
     filters: FilterRules = service.filters
     ids: list[int] = []
     emitted = 0
+    tokens = _TokenText() if params.logprobs is not None else None
     watcher = None
     if is_disconnected is not None:
 
@@ -147,13 +190,18 @@ async def text_deltas(
         async for out in handle.outputs():
             if out.new_token_ids and state.ttft_s is None:
                 state.ttft_s = time.monotonic() - t0
-            ids.extend(t for t in out.new_token_ids if t not in served.stop_ids)
+            kept = [i for i, t in enumerate(out.new_token_ids) if t not in served.stop_ids]
+            ids.extend(out.new_token_ids[i] for i in kept)
             state.completion_tokens += len(out.new_token_ids)
+            if tokens is not None and out.logprobs is not None:
+                await tokens.add(tok, ids, [out.logprobs[i] for i in kept])
             text = await asyncio.to_thread(tok.decode, ids, skip_special_tokens=True)
             cut, hit = apply_stop(text, params.stops)
             if hit:
                 handle.cancel()  # no need to decode further
                 state.finish_reason = "stop"
+                if tokens is not None:
+                    tokens.release_cut(state, len(cut))
                 piece = apply_filters(cut[emitted:], filters)
                 state.text += piece
                 if piece:
@@ -169,11 +217,15 @@ async def text_deltas(
                         f"({service.limits.request_timeout_s:.0f} s)",
                     )
                 state.finish_reason = reason
+                if tokens is not None:
+                    tokens.release(state, None)
                 piece = apply_filters(text[emitted:], filters)
             else:
                 n = safe_emit_length(text, params.stops, filters)
                 if n <= emitted:
                     continue
+                if tokens is not None:
+                    tokens.release(state, n)
                 piece = apply_filters(text[emitted:n], filters)
                 emitted = n
             state.text += piece

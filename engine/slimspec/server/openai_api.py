@@ -3,23 +3,28 @@
 Defaults follow the OpenAI API: temperature 1, top_p 1; max_tokens 16 for
 completions, 256 for chat (both capped by --max-new-tokens). The `model` field
 is accepted whatever it says; responses name the model actually served (the
-configured served model name, or the target's name: model_name()).
+configured served model name, or the target's name: model_name()). `n` choices are
+rows of the same batch; `logprobs` come from the target's verification forward.
+Fields that are not honoured are refused or, when they only describe the caller,
+ignored (openai_fields.py); docs/api.md lists them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from slimspec.decoding.types import SamplingParams
+from slimspec.decoding.types import SamplingParams, TokenLogprob
 from slimspec.server.errors import ApiError, error_body
 from slimspec.server.generation import (
     GenParams,
@@ -32,10 +37,13 @@ from slimspec.server.generation import (
     text_deltas,
     tokenize,
 )
-from slimspec.server.schemas import ChatCompletionRequest, CompletionRequest
+from slimspec.server.logprob_format import chat_logprobs, completion_logprobs
+from slimspec.server.openai_fields import check_extra_fields
+from slimspec.server.schemas import INT64, ChatCompletionRequest, CompletionRequest
 from slimspec.server.service import EngineService, Served
 
 router = APIRouter(prefix="/v1")
+log = logging.getLogger(__name__)
 
 
 def model_name(target: str) -> str:
@@ -66,7 +74,7 @@ async def _prompt_ids(
     return ids
 
 
-def _params(service: EngineService, body: Any, default_max: int) -> GenParams:
+def _params(service: EngineService, body: Any, default_max: int, logprobs: int | None) -> GenParams:
     n = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_new = check_max_tokens(
         n,
@@ -76,18 +84,42 @@ def _params(service: EngineService, body: Any, default_max: int) -> GenParams:
     )
     temp = 1.0 if body.temperature is None else body.temperature
     top_p = 1.0 if body.top_p is None else body.top_p
+    top_k = max(0, body.top_k or 0)
     return GenParams(
         max_new,
-        SamplingParams(temperature=temp, top_p=top_p, seed=body.seed),
+        SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, seed=body.seed),
         list(body.stop or []),
+        logprobs,
     )
 
 
-def _usage(state: GenState) -> dict[str, int]:
+def _check_fields(body: Any, route: str) -> None:
+    """400 for a field that would change the output and is not honoured; the ones that
+    only describe the caller are named in a log line."""
+    ignored = check_extra_fields(body.model_extra)
+    if ignored:
+        log.info("%s: ignored field(s) that describe the caller: %s", route, ", ".join(ignored))
+
+
+def per_choice(params: GenParams, n: int) -> list[GenParams]:
+    """One GenParams per choice (each a row of the batch). With a seed, choice i samples
+    under seed + i: every choice is reproducible and choice 0 is the n = 1 answer."""
+    out = []
+    for i in range(n):
+        sampling = params.sampling
+        if sampling.seed is not None and i:
+            sampling = replace(sampling, seed=(sampling.seed + i) % INT64)
+        out.append(replace(params, sampling=sampling, stops=list(params.stops)))
+    return out
+
+
+def _usage(states: list[GenState]) -> dict[str, int]:
+    prompt = states[0].prompt_tokens
+    completion = sum(s.completion_tokens for s in states)
     return {
-        "prompt_tokens": state.prompt_tokens,
-        "completion_tokens": state.completion_tokens,
-        "total_tokens": state.prompt_tokens + state.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     }
 
 
@@ -100,43 +132,128 @@ def _observe_ttft(service: EngineService, endpoint: str, state: GenState) -> Non
         service.metrics.ttft.labels(endpoint=endpoint).observe(state.ttft_s)
 
 
+async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _generate_all(
+    service: EngineService,
+    served: Served,
+    prompt_ids: list[int],
+    choices: list[GenParams],
+    request: Request,
+) -> list[GenState]:
+    """Every choice at once (rows of the same batch); one failing cancels the rest."""
+    tasks = [
+        asyncio.create_task(generate_text(service, served, prompt_ids, p, request.is_disconnected))
+        for p in choices
+    ]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        await _cancel_all(tasks)
+        raise
+
+
+class _Released:
+    """Which of a choice's released log-probabilities a stream has sent."""
+
+    def __init__(self, states: list[GenState]) -> None:
+        self.states = states
+        self.sent = [0] * len(states)
+
+    def take(self, i: int) -> tuple[list[TokenLogprob], list[int]]:
+        st, a = self.states[i], self.sent[i]
+        self.sent[i] = len(st.logprobs)
+        return st.logprobs[a:], st.token_starts[a:]
+
+
+async def _first_piece(gen: AsyncIterator[str]) -> str | None:
+    try:
+        return await gen.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
 async def _stream(
     request: Request,
     service: EngineService,
     served: Served,
     prompt_ids: list[int],
-    params: GenParams,
-    make_chunk: Any,  # (delta text | None, finish_reason | None) -> dict
+    choices: list[GenParams],
+    make_chunk: Any,  # (index, text | None, finish | None, logprobs | None, first) -> dict
     include_usage: bool,
     endpoint: str,
     prefix: str = "",
 ) -> Response:
-    state = GenState(prompt_tokens=len(prompt_ids))
-    gen = text_deltas(service, served, prompt_ids, params, state)
-    # Pull the first piece before answering, so 429/503 are real status codes.
+    states = [GenState(prompt_tokens=len(prompt_ids)) for _ in choices]
+    gens = [
+        text_deltas(service, served, prompt_ids, p, st)
+        for p, st in zip(choices, states, strict=True)
+    ]
+    # Pull each choice's first piece before answering (all submitted at once), so
+    # 429/503 are real status codes.
+    starts = [asyncio.create_task(_first_piece(g)) for g in gens]
     try:
-        first: str | None = await gen.__anext__()
-    except StopAsyncIteration:
-        first = None
+        firsts: list[str | None] = list(await asyncio.gather(*starts))
+    except BaseException:
+        await _cancel_all(starts)
+        for g in gens:
+            await g.aclose()
+        raise
+    wants_logprobs = choices[0].logprobs is not None
+    released = _Released(states)
+
+    def piece_chunk(i: int, text: str | None, finish: str | None) -> dict[str, Any]:
+        lps = released.take(i) if wants_logprobs else None
+        return make_chunk(i, text, finish, lps, False)
 
     async def body() -> AsyncIterator[str]:
+        queue: asyncio.Queue[tuple[int, str | None, BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            try:
+                async for piece in gens[i]:
+                    await queue.put((i, piece, None))
+                await queue.put((i, None, None))
+            except Exception as exc:  # delivered to the stream as an error event
+                await queue.put((i, None, exc))
+
+        pumps: list[asyncio.Task[None]] = []
         try:
-            yield _sse(make_chunk(None, None, first_chunk=True))
-            if prefix:
-                yield _sse(make_chunk(prefix, None))
-            if first:
-                yield _sse(make_chunk(first, None))
-            async for piece in gen:
-                yield _sse(make_chunk(piece, None))
-            yield _sse(make_chunk(None, state.finish_reason or "length"))
+            for i in range(len(choices)):
+                first_chunk = make_chunk(i, None, None, None, True)
+                if first_chunk is not None:
+                    yield _sse(first_chunk)
+                if prefix:
+                    yield _sse(make_chunk(i, prefix, None, None, False))
+                if firsts[i]:
+                    yield _sse(piece_chunk(i, firsts[i], None))
+            pumps = [asyncio.create_task(pump(i)) for i in range(len(choices))]
+            running = len(choices)
+            while running:
+                i, piece, exc = await queue.get()
+                if exc is not None:
+                    raise exc
+                if piece is None:
+                    running -= 1
+                    yield _sse(piece_chunk(i, None, states[i].finish_reason or "length"))
+                else:
+                    yield _sse(piece_chunk(i, piece, None))
             if include_usage:
-                yield _sse({**make_chunk(None, None), "choices": [], "usage": _usage(state)})
+                usage = make_chunk(0, None, None, None, False)
+                yield _sse({**usage, "choices": [], "usage": _usage(states)})
             yield "data: [DONE]\n\n"
         except ApiError as exc:  # e.g. deadline after the stream started
             yield _sse(error_body(exc))
         finally:
-            await gen.aclose()  # cancels the request when the client went away
-            _observe_ttft(service, endpoint, state)
+            await _cancel_all(pumps)
+            for g in gens:
+                await g.aclose()  # cancels the requests when the client went away
+            for st in states:
+                _observe_ttft(service, endpoint, st)
 
     return StreamingResponse(
         body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
@@ -146,18 +263,50 @@ async def _stream(
 @router.post("/completions", summary="OpenAI-compatible text completion")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     service: EngineService = request.app.state.service
-    params = _params(service, body, 16)
+    _check_fields(body, "/v1/completions")
+    n = body.n or 1
+    if body.best_of is not None and body.best_of != n:
+        raise ApiError(
+            400, "unsupported_field", "best_of other than n is not supported", param="best_of"
+        )
+    if body.echo and body.logprobs is not None:
+        raise ApiError(
+            400,
+            "unsupported_field",
+            "logprobs with echo (the prompt's log-probabilities) is not supported",
+            param="echo",
+        )
+    params = _params(service, body, 16, body.logprobs)
     served = acquire(service)
     assert isinstance(body.prompt, str)
     prompt_ids = await _prompt_ids(service, served, body.prompt, params, body, special=True)
     cid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), model_id(request, served)
     echo = body.prompt if body.echo else ""
+    tok = served.tokenizer
 
-    def chunk(text: str | None, finish: str | None, first_chunk: bool = False) -> dict[str, Any]:
+    def lp_object(lps: tuple[list[TokenLogprob], list[int]] | None) -> dict[str, Any] | None:
+        return None if lps is None else completion_logprobs(tok, lps[0], lps[1], len(echo))
+
+    def chunk(
+        index: int,
+        text: str | None,
+        finish: str | None,
+        lps: tuple[list[TokenLogprob], list[int]] | None,
+        first_chunk: bool,
+    ) -> dict[str, Any] | None:
+        if first_chunk and index:
+            return None  # one opening chunk for all choices
         choices = (
             []
             if first_chunk
-            else [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+            else [
+                {
+                    "index": index,
+                    "text": text or "",
+                    "logprobs": lp_object(lps),
+                    "finish_reason": finish,
+                }
+            ]
         )
         return {
             "id": cid,
@@ -167,6 +316,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             "choices": choices,
         }
 
+    choices = per_choice(params, n)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return await _stream(
@@ -174,23 +324,53 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             service,
             served,
             prompt_ids,
-            params,
+            choices,
             chunk,
             include_usage,
             "/v1/completions",
             echo,
         )
-    state = await generate_text(service, served, prompt_ids, params, request.is_disconnected)
-    _observe_ttft(service, "/v1/completions", state)
-    out = chunk(echo + state.text, state.finish_reason or "length")
-    out["usage"] = _usage(state)
+    states = await _generate_all(service, served, prompt_ids, choices, request)
+    for st in states:
+        _observe_ttft(service, "/v1/completions", st)
+    out = {
+        "id": cid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "text": echo + st.text,
+                "logprobs": lp_object((st.logprobs, st.token_starts))
+                if body.logprobs is not None
+                else None,
+                "finish_reason": st.finish_reason or "length",
+            }
+            for i, st in enumerate(states)
+        ],
+        "usage": _usage(states),
+    }
     return JSONResponse(out)
 
 
 @router.post("/chat/completions", summary="OpenAI-compatible chat completion")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     service: EngineService = request.app.state.service
-    params = _params(service, body, 256)
+    _check_fields(body, "/v1/chat/completions")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(
+            400, "invalid_value", "top_logprobs needs logprobs: true", param="top_logprobs"
+        )
+    for i, m in enumerate(body.messages):
+        if m.tool_calls or m.function_call:
+            raise ApiError(
+                400,
+                "unsupported_field",
+                "messages with tool_calls are not supported (tool calling is not supported)",
+                param=f"messages.{i}.tool_calls",
+            )
+    params = _params(service, body, 256, body.logprobs_top)
     served = acquire(service)
     try:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
@@ -207,8 +387,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         int(time.time()),
         model_id(request, served),
     )
+    tok = served.tokenizer
 
-    def chunk(text: str | None, finish: str | None, first_chunk: bool = False) -> dict[str, Any]:
+    def chunk(
+        index: int,
+        text: str | None,
+        finish: str | None,
+        lps: tuple[list[TokenLogprob], list[int]] | None,
+        first_chunk: bool,
+    ) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if first_chunk else {}
         if text:
             delta["content"] = text
@@ -217,9 +404,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": None if lps is None else chat_logprobs(tok, lps[0]),
+                    "finish_reason": finish,
+                }
+            ],
         }
 
+    choices = per_choice(params, body.n or 1)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return await _stream(
@@ -227,13 +422,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             service,
             served,
             prompt_ids,
-            params,
+            choices,
             chunk,
             include_usage,
             "/v1/chat/completions",
         )
-    state = await generate_text(service, served, prompt_ids, params, request.is_disconnected)
-    _observe_ttft(service, "/v1/chat/completions", state)
+    states = await _generate_all(service, served, prompt_ids, choices, request)
+    for st in states:
+        _observe_ttft(service, "/v1/chat/completions", st)
     return JSONResponse(
         {
             "id": cid,
@@ -242,13 +438,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             "model": model,
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": state.text},
-                    "logprobs": None,
-                    "finish_reason": state.finish_reason or "length",
+                    "index": i,
+                    "message": {"role": "assistant", "content": st.text},
+                    "logprobs": chat_logprobs(tok, st.logprobs) if body.logprobs else None,
+                    "finish_reason": st.finish_reason or "length",
                 }
+                for i, st in enumerate(states)
             ],
-            "usage": _usage(state),
+            "usage": _usage(states),
         }
     )
 

@@ -1,6 +1,7 @@
-"""Request/response bodies. Unknown fields are rejected where the API is ours (/infer);
-the OpenAI routes ignore unknown fields the way the OpenAI API tolerates new ones,
-except a few that change semantics (n > 1, logprobs), which are refused."""
+"""Request/response bodies. Unknown fields are rejected where the API is ours (/infer).
+The OpenAI routes keep the fields they do not model (pydantic extra="allow") and
+openai_fields.py decides: ignored when they only describe the caller, otherwise
+refused with a 400 naming them unless they carry their neutral value."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from slimspec.decoding.types import MAX_TOP_LOGPROBS
+
 MAX_STOPS = 4
 MAX_STOP_CHARS = 256  # per stop sequence; streaming holds back up to this many characters
 INT64 = 2**63
+MAX_CHOICES = 16  # n: choices per request (each is a row of the batch)
 
 
 def _encodable(v: str) -> str:
@@ -91,19 +95,19 @@ class InferResponse(BaseModel):
 
 
 class _OpenAIBase(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # judged by openai_fields.check_extra_fields
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # vLLM's extension; -1 and 0: off
     seed: Annotated[int, Field(ge=-INT64, lt=2 * INT64)] | None = None
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
-    n: Annotated[int, Field(ge=1, le=1)] | None = None
-    user: str | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -119,7 +123,9 @@ class _OpenAIBase(BaseModel):
 class CompletionRequest(_OpenAIBase):
     prompt: str | list[str]
     echo: bool | None = False
-    logprobs: None = None  # not supported; any value is refused
+    # the emitted tokens' log-probabilities with this many alternatives each
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -139,6 +145,10 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    # An earlier tool call in the conversation: tools are not supported, and dropping
+    # it from the prompt would be a silent downgrade (refused: openai_api.py).
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
 
     def text(self) -> str:
         if self.content is None:
@@ -155,7 +165,13 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_OpenAIBase):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+
+    @property
+    def logprobs_top(self) -> int | None:
+        """Alternatives per position when log-probabilities are asked for, else None."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class AdminSwapRequest(BaseModel):

@@ -324,6 +324,7 @@ class EngineService:
         sampling: SamplingParams,
         loop: asyncio.AbstractEventLoop,
         timeout_s: float | None = None,
+        logprobs: int | None = None,
     ) -> tuple[Served, RequestHandle]:
         """Queue a request (QueueFull -> 429 upstream); follows a swap that raced it."""
         timeout = min(timeout_s or self.limits.request_timeout_s, self.limits.request_timeout_s)
@@ -333,6 +334,7 @@ class EngineService:
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             stop_token_ids=served.stop_ids,
+            logprobs=logprobs,
         )
         for _ in range(3):
             try:
