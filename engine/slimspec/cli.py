@@ -177,6 +177,14 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "chunks between decode steps of the other requests)",
     )
     p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=None,
+        help="MiB of the prefix cache, which keeps both models' keys and values of earlier "
+        "prompts so a prompt that starts like one of them skips that part's prefill; 0 = "
+        "off (env SLIMSPEC_PREFIX_CACHE_MB; default 256)",
+    )
+    p.add_argument(
         "--blocked-words",
         default=e("SLIMSPEC_BLOCKED_WORDS", ""),
         help="comma-separated words replaced by *** in outputs",
@@ -222,6 +230,16 @@ def num_draft_tokens(value: int) -> int | None:
     if not 1 <= value <= 16:
         raise ValueError(f"--num-draft-tokens must be 0 (adaptive) or 1-16, got {value}")
     return value
+
+
+def prefix_cache_mb(value: float | None, env: Mapping[str, str]) -> float:
+    """--prefix-cache-mb, else SLIMSPEC_PREFIX_CACHE_MB, else the default (MiB, >= 0)."""
+    from slimspec.decoding.prefix_cache import resolve_mb
+
+    try:
+        return resolve_mb(value, env)
+    except ValueError as exc:
+        raise ValueError(f"--prefix-cache-mb: {exc}") from None
 
 
 def positive(flag: str, value: float) -> Any:
@@ -288,8 +306,14 @@ def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     )
     try:
         cfg = build_config(args, env)
+        cache_mb = prefix_cache_mb(args.prefix_cache_mb, env)
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
+    # The engines read their prefix cache size from the environment (every engine this
+    # process loads, hot swaps included, gets the same size).
+    from slimspec.decoding.prefix_cache import ENV
+
+    os.environ[ENV] = f"{cache_mb:g}"
     import uvicorn
 
     from slimspec.server.app import create_app

@@ -125,3 +125,16 @@ def test_target_quantization_from_env_and_flag() -> None:
     assert build_config(args, env).model.target_quantization == "none"
     with pytest.raises(ValueError, match="auto, gguf, int8, none"):
         build_config(serve_parser({}).parse_args(["--target-quantization", "int4"]), {})
+
+
+def test_prefix_cache_size_from_env_and_flag() -> None:
+    from slimspec.cli import prefix_cache_mb
+    from slimspec.decoding.prefix_cache import DEFAULT_MB
+
+    assert serve_parser({}).parse_args([]).prefix_cache_mb is None
+    assert prefix_cache_mb(None, {}) == DEFAULT_MB
+    assert prefix_cache_mb(None, {"SLIMSPEC_PREFIX_CACHE_MB": "64"}) == 64
+    args = serve_parser({}).parse_args(["--prefix-cache-mb", "0"])
+    assert prefix_cache_mb(args.prefix_cache_mb, {"SLIMSPEC_PREFIX_CACHE_MB": "64"}) == 0
+    with pytest.raises(ValueError, match="--prefix-cache-mb"):
+        prefix_cache_mb(-1, {})

@@ -44,6 +44,10 @@ def test_observe_step_turns_cumulative_stats_into_counters() -> None:
         target_time_s=1.0,
         prefill_time_s=0.25,
         fused_prefills=1,
+        prefix_lookups=2,
+        prefix_hits=1,
+        prefix_hit_tokens=992,
+        prefix_cache_bytes=4096,
     )
     stats.recent_accepted_lengths.extend([2.0, 3.0])
     eng = SimpleNamespace(
@@ -53,6 +57,8 @@ def test_observe_step_turns_cumulative_stats_into_counters() -> None:
     stats.drafted, stats.accepted, stats.verify_steps = 14, 9, 6
     stats.draft_time_s, stats.target_time_s, stats.fused_prefills = 0.75, 1.5, 3
     stats.fallbacks["quality"] = 1
+    stats.prefix_lookups, stats.prefix_hits, stats.prefix_hit_tokens = 3, 2, 1984
+    stats.prefix_evictions, stats.prefix_cache_bytes = 5, 2048
     m.observe_step(eng, 2)
     text = m.render().decode()
     assert "slimspec_draft_tokens_total 14.0" in text
@@ -67,3 +73,11 @@ def test_observe_step_turns_cumulative_stats_into_counters() -> None:
     assert "slimspec_acceptance_kept_ratio 0.9" in text
     assert "slimspec_compression_ratio 0.2" in text
     assert "slimspec_batch_size_count 2.0" in text
+    assert "slimspec_prefix_cache_hit_tokens_total 1984.0" in text
+    assert "slimspec_prefix_cache_lookups_total 3.0" in text
+    assert "slimspec_prefix_cache_hits_total 2.0" in text
+    assert "slimspec_prefix_cache_evictions_total 5.0" in text
+    assert "slimspec_prefix_cache_bytes 2048.0" in text
+    # a retired engine's cache no longer counts
+    m.forget_engine(eng)
+    assert "slimspec_prefix_cache_bytes 0.0" in m.render().decode()

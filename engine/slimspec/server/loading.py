@@ -33,6 +33,8 @@ def default_loader(ref: ModelRef) -> Engine:
             target_quantization=ref.target_quantization,
             num_draft_tokens=ref.num_draft_tokens,
             prefill_chunk=ref.prefill_chunk,
+            # None: $SLIMSPEC_PREFIX_CACHE_MB (slimspec serve sets it), else the default
+            prefix_cache_mb=getattr(ref, "prefix_cache_mb", None),
         )
     from slimspec.cpu import target_form
     from slimspec.server.baseline import TargetOnlyEngine

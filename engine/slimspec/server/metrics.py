@@ -179,6 +179,34 @@ class Metrics:
             "Requests whose target prefill rode on a verification forward",
             registry=r,
         )
+        # The prefix cache (decoding/prefix_cache.py): prompt tokens whose prefill was
+        # skipped, lookups and hits, evictions, and the bytes held by the live engines.
+        self.prefix_hit_tokens = Counter(
+            "slimspec_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose prefill the prefix cache skipped",
+            registry=r,
+        )
+        self.prefix_lookups = Counter(
+            "slimspec_prefix_cache_lookups_total",
+            "Prompts looked up in the prefix cache",
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "slimspec_prefix_cache_hits_total",
+            "Prompts that found at least one cached block",
+            registry=r,
+        )
+        self.prefix_evictions = Counter(
+            "slimspec_prefix_cache_evictions_total",
+            "Prefix cache blocks evicted (least recently used first)",
+            registry=r,
+        )
+        self.prefix_bytes = Gauge(
+            "slimspec_prefix_cache_bytes",
+            "Bytes of keys and values the prefix cache holds (all live engines)",
+            registry=r,
+        )
+        self._prefix_bytes_by_engine: dict[int, int] = {}
         # Engine health and per-position acceptance.
         self.load_failures = Counter(
             "slimspec_model_load_failures_total",
@@ -235,6 +263,10 @@ class Metrics:
             "verify_s": stats.target_time_s,
             "prefill_s": stats.prefill_time_s,
             "fused_prefills": stats.fused_prefills,
+            "prefix_hit_tokens": stats.prefix_hit_tokens,
+            "prefix_lookups": stats.prefix_lookups,
+            "prefix_hits": stats.prefix_hits,
+            "prefix_evictions": stats.prefix_evictions,
         }
         deltas = {key: since_last(last, key, v) for key, v in totals.items()}
         self.drafted.inc(deltas["drafted"])
@@ -243,6 +275,12 @@ class Metrics:
         for phase in ("draft", "verify", "prefill"):
             self.engine_seconds.labels(phase=phase).inc(deltas[f"{phase}_s"])
         self.fused_prefills.inc(deltas["fused_prefills"])
+        self.prefix_hit_tokens.inc(deltas["prefix_hit_tokens"])
+        self.prefix_lookups.inc(deltas["prefix_lookups"])
+        self.prefix_hits.inc(deltas["prefix_hits"])
+        self.prefix_evictions.inc(deltas["prefix_evictions"])
+        self._prefix_bytes_by_engine[id(engine)] = stats.prefix_cache_bytes
+        self.prefix_bytes.set(sum(self._prefix_bytes_by_engine.values()))
         if deltas["verify_steps"] > 0:
             self._window.append((deltas["accepted"], deltas["verify_steps"]))
             while sum(v for _, v in self._window) > ACCEPT_WINDOW and len(self._window) > 1:
@@ -271,4 +309,7 @@ class Metrics:
                     counter.labels(position=str(i + 1)).inc(d)
 
     def forget_engine(self, engine: Engine) -> None:
+        """A retired engine (after a swap): its counters stop, its cache's bytes go."""
         self._last.pop(id(engine), None)
+        self._prefix_bytes_by_engine.pop(id(engine), None)
+        self.prefix_bytes.set(sum(self._prefix_bytes_by_engine.values()))
