@@ -209,3 +209,20 @@ def test_target_quantization_reaches_the_engine_and_bad_values_are_refused() -> 
     assert SPEC["properties"]["model"]["properties"]["targetQuantization"]["enum"] == [
         "auto", "gguf", "int8", "none"
     ]  # fmt: skip
+
+
+def test_prefix_cache_size_reaches_the_engine_and_bad_values_are_refused() -> None:
+    def env_of(s: SlimSpecService) -> dict[str, Any]:
+        return {e["name"]: e.get("value") for e in pod_of(s)["spec"]["containers"][0]["env"]}
+
+    assert env_of(svc())["SLIMSPEC_PREFIX_CACHE_MB"] == "256"
+    off = svc(engine={"prefixCacheMB": 0})
+    assert env_of(off)["SLIMSPEC_PREFIX_CACHE_MB"] == "0"
+    assert pod_of(off) != pod_of(svc())  # another size is another pod template: a rollout
+    for bad in (-1, 70000):
+        with pytest.raises(ValidationError, match="prefixCacheMB"):
+            svc(engine={"prefixCacheMB": bad})
+    with pytest.raises(ValidationError, match="must not set"):
+        svc(engine={"env": [{"name": "SLIMSPEC_PREFIX_CACHE_MB", "value": "1"}]})
+    field = SPEC["properties"]["engine"]["properties"]["prefixCacheMB"]
+    assert (field["minimum"], field["maximum"], field["default"]) == (0, 65536, 256)

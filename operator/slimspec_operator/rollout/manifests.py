@@ -162,6 +162,7 @@ def pod_template(svc: SlimSpecService) -> Manifest:
         {"name": "DRAFT_MODEL_PATH", "value": paths["draft"]},
         {"name": "MODEL_VERSION", "value": spec.model.version},
         {"name": "SLIMSPEC_TARGET_QUANTIZATION", "value": spec.model.target_quantization},
+        {"name": "SLIMSPEC_PREFIX_CACHE_MB", "value": str(spec.engine.prefix_cache_mb)},
         _cm_env("COMPRESSION_RATIO", RATIO_KEY, cm),
         _cm_env("QUALITY_THRESHOLD", THRESHOLD_KEY, cm),
         _cm_env("FALLBACK_STRATEGY", FALLBACK_KEY, cm),
