@@ -172,6 +172,13 @@ def test_the_size_can_change_at_run_time_and_a_new_cache_starts_empty(tiny_llama
     dec.set_prefix_cache_mb(1)
     dec.generate_batch(_reqs([TURNS[0]], "c"))
     assert dec.stats.prefix_hits == 0 and dec.stats.prefix_cache_blocks == 10
+    # off and on again keeps what it holds
+    assert not dec.set_prefix_cache_on(False)
+    dec.generate_batch(_reqs([TURNS[0]], "d"))
+    assert dec.stats.prefix_hits == 0 and dec.stats.prefix_cache_bytes == 0
+    assert dec.set_prefix_cache_on(True)
+    dec.generate_batch(_reqs([TURNS[0]], "e"))
+    assert dec.stats.prefix_hits == 1 and dec.stats.prefix_cache_blocks == 10
 
 
 def test_size_setting(monkeypatch):

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from slimspec.decoding.adaptive import CostModel, choose_batch_k
 from slimspec.decoding.compression import CompressedHead, resolve_rerank
 from slimspec.decoding.drafting import Drafter, HeadDrafter, HeadInUse
 from slimspec.decoding.engine import DraftHeadInfo, Engine, eos_token_ids
+from slimspec.decoding.grammar import GrammarRows
 from slimspec.decoding.kv import decoder_stack
 from slimspec.decoding.prefix_cache import BLOCK_TOKENS, PrefixCache, mb_to_bytes, resolve_mb
 from slimspec.decoding.quality import ShadowCheck
@@ -243,6 +245,7 @@ class SpeculativeDecoder(Engine):
         self.stats = DecoderStats()
         self._cost = CostModel()
         self._verifier = TargetVerifier(self.target, self._clock)
+        self._grammar = GrammarRows(tokenizer, self._verifier.vocab)  # structured output
         self._heads = HeadInUse(head, self.calibration, vocab_cap)
         self._sibling_drafts = siblings
         # Held as the two-method interface: the step only proposes and keeps.
@@ -309,7 +312,20 @@ class SpeculativeDecoder(Engine):
         cache = PrefixCache(size, self._prefix_block_tokens) if size else None
         with self._step_lock:
             self._batch.set_prefix_cache(cache, self.stats)
+            self._paused_cache: PrefixCache | None = None
         log.info("prefix cache: %s", f"{mb:g} MiB" if cache else "off")
+
+    def set_prefix_cache_on(self, on: bool) -> bool:
+        """Stop using the prefix cache, or use it again, keeping what it holds (benchmarks
+        A/B it in one process); returns whether one is in use."""
+        with self._step_lock:
+            if on and self._batch.prefix_cache is None and self._paused_cache is not None:
+                self._batch.set_prefix_cache(self._paused_cache, self.stats)
+                self._paused_cache = None
+            elif not on and self._batch.prefix_cache is not None:
+                self._paused_cache = self._batch.prefix_cache
+                self._batch.set_prefix_cache(None, self.stats)
+            return self._batch.prefix_cache is not None
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -400,6 +416,7 @@ class SpeculativeDecoder(Engine):
 
     # ----------------------------------------------------------------- request API
     def add_request(self, req: GenerationRequest) -> None:
+        self._grammar.check(req.grammar)
         self._batch.add(req, self._verifier.vocab)
 
     def cancel(self, request_id: str) -> None:
@@ -508,6 +525,11 @@ class SpeculativeDecoder(Engine):
         shadow = self._shadow.due(k, s.ratio)
         k = batch.fit_context(k)
         sampling = sampling.with_noise(k + 1, self._verifier.vocab)
+        grammar = self._grammar.step(
+            [r.req.request_id for r in rows], [r.req.grammar for r in rows]
+        )
+        if grammar is not None:
+            sampling = replace(sampling, grammar=grammar)
         proposal = self._drafter.propose(batch, k, sampling, s.ratio, shadow)
         # new rows' prompts share the verification forward: their slots are prefill
         riding_tokens = sum(g.tokens for g in batch.riding_groups())
@@ -528,6 +550,8 @@ class SpeculativeDecoder(Engine):
         if shadow:
             self._compressed.shadow_check(proposal, verdict, s, self.stats)
         outcomes = verdict.outcomes(proposal, [r.req.logprobs for r in rows])
+        if grammar is not None:
+            grammar.finish([o.emitted for o in outcomes])
         n_rows = len(rows)
         target_s = verdict.seconds - prefill_s
         self.stats.prefill_time_s += prefill_s

@@ -146,6 +146,7 @@ class RowBatch:
         self._riding_base: list[int] = []  # per riding group: cache slots before its prompt
         self.prefix_cache = prefix_cache  # None: off
         self._evictions_seen = 0
+        self._store_s = 0.0  # storing blocks since the last admission
         self._prefilling: deque[PrefillJob] = deque()
         self.admitted: list[GenerationRequest] = []  # admitted by the last admit()
         self._queue_lock = threading.Lock()
@@ -238,6 +239,8 @@ class RowBatch:
         stats.prefix_evictions += max(0, now.evictions - self._evictions_seen)
         self._evictions_seen = now.evictions
         stats.prefix_cache_bytes, stats.prefix_cache_blocks = now.bytes, now.blocks
+        stats.prefix_store_s += self._store_s
+        self._store_s = 0.0
 
     def set_prefix_cache(self, cache: PrefixCache | None, stats: DecoderStats) -> None:
         """Use this prefix cache (None: none) from the next admission on (step thread)."""
@@ -255,6 +258,7 @@ class RowBatch:
         n = len(req.prompt_ids) - 1
         if cache is None or n < cache.block_tokens:
             return
+        t0 = time.perf_counter()
         cache.store(
             req.prompt_ids[:n],
             lambda start, end: (
@@ -262,6 +266,7 @@ class RowBatch:
                 kv_d.row_slots(row_d, start, end),
             ),
         )
+        self._store_s += time.perf_counter() - t0
 
     def _prefill_within_budget(self, stats: DecoderStats) -> None:
         """Prefill at most prefill_chunk prompt tokens this step, in arrival order: prompts

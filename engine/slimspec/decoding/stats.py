@@ -51,6 +51,7 @@ class DecoderStats:
     prefix_evictions: int = 0
     prefix_cache_bytes: int = 0
     prefix_cache_blocks: int = 0
+    prefix_store_s: float = 0.0  # copying prompts' blocks into the cache
     fallbacks: Counter = field(default_factory=Counter)  # reason -> count
     kept_acceptance: float | None = None  # latest shadow-check estimate (compressed / full head)
     shadow_samples: int = 0
@@ -129,6 +130,7 @@ class DecoderStats:
             "prefix_evictions": self.prefix_evictions,
             "prefix_cache_bytes": self.prefix_cache_bytes,
             "prefix_cache_blocks": self.prefix_cache_blocks,
+            "prefix_store_s": self.prefix_store_s,
         }
 
 
