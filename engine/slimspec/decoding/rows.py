@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from slimspec.decoding.adaptive import AcceptanceEstimate
-from slimspec.decoding.grouped_forward import Group
+from slimspec.decoding.grouped_forward import Group, forward_groups
 from slimspec.decoding.kv import BatchKV, forward
 from slimspec.decoding.prefix_cache import PrefixCache
 from slimspec.decoding.sampling import BatchSampling
@@ -295,15 +295,38 @@ class RowBatch:
                 self._complete(job)
         ride = self.fuse_prefill and bool(self.rows)  # a verification follows this step
         if not ride:
+            self._prefill_rests(rests, stats)
             for job in rests:
-                if job.remaining:
-                    self._prefill_chunk(job, job.remaining, stats)
                 self._complete(job)
         for i in range(0, len(whole), self._prefill_batch):
             self._prefill(whole[i : i + self._prefill_batch], stats, ride)
         if ride:
             for job in rests:
                 self._ride_rest(job, stats)
+
+    def _prefill_rests(self, jobs: list[PrefillJob], stats: DecoderStats) -> None:
+        """Cached prefixes' rests with no verification to ride on: the target's in one
+        forward (a group per job, against its cached slots) where the target runs grouped
+        forwards, the draft's one job at a time."""
+        jobs = [j for j in jobs if j.remaining]
+        if len(jobs) < 2 or not self.fuse_prefill:
+            for job in jobs:
+                self._prefill_chunk(job, job.remaining, stats)
+            return
+        t0 = time.perf_counter()
+        groups = []
+        for job in jobs:
+            assert job.kv_t is not None and job.kv_d is not None
+            rest = right_aligned([list(job.req.prompt_ids[job.done : -1])], [job.done])
+            ids, pos, real = (t.to(self.device) for t in rest)
+            groups.append(Group(job.kv_t, ids, pos, real))
+            forward(self._draft_base, job.kv_d, ids, pos, real)
+        forward_groups(self._target_base, groups)
+        elapsed = time.perf_counter() - t0
+        stats.prefill_time_s += elapsed
+        for job in jobs:
+            job.done += job.remaining
+            job.seconds += elapsed / len(jobs)
 
     def _complete(self, job: PrefillJob) -> None:
         """A job whose caches hold all of prompt[:-1] joins the batch."""
