@@ -46,6 +46,8 @@ class _QuietRoutine(logging.Filter):
     ROUTINE = (
         "Timer 'on_timer' succeeded",
         "Handler 'on_deployment' succeeded",
+        "Handler 'on_job' succeeded",
+        "Timer 'tuning_timer' succeeded",
         "Handler 'on_ratio' succeeded",
     )
 
@@ -98,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not args.verbose:
         logging.getLogger("kopf.objects").addFilter(_QuietRoutine())
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per Prometheus query
     loaded = load_handlers()
     logging.getLogger("slimspec_operator").info("handlers: %s", ", ".join(loaded))
     if args.metrics_port:

@@ -1,10 +1,17 @@
 """Kopf glue: every trigger runs the same level-based reconcile.
 
-Triggers: a watch event of a SlimSpecService whose spec (metadata.generation)
-this process has not reconciled yet (so: its creation, every spec change, and
-each resource once after a start), a timer (deadlines and drift), a ratio the
-tuner moved, and changes of the Deployments and Jobs it owns (readiness moves a
-rollout on without waiting for the timer). Nothing here decides anything.
+Triggers, all watch-driven: a watch event of a SlimSpecService whose spec
+(metadata.generation) this process has not reconciled yet (so: its creation,
+every spec change, and each resource once after a start), a ratio the tuner
+moved, and changes of the Deployments (readiness, replicas, generations: not
+every status write) and Jobs it owns. A timer fires every
+SLIMSPEC_RECONCILE_INTERVAL seconds per resource but reconciles only when the
+last round asks for it (plan.timer_due): a rollout's ready deadline has come, the
+round failed or was refused (a foreign object in the way: no watch sees it go),
+or a drift resync is due (SLIMSPEC_RESYNC_INTERVAL, for hand edits of objects
+the operator does not watch: Service, ServiceAccount, Role, RoleBinding,
+PodDisruptionBudget). An idle resource therefore costs no API request between
+resyncs. Nothing here decides anything.
 
 No create/update/resume handlers: those make Kopf keep a copy of the whole spec
 in an annotation (its diff base), and a spec the API server accepts could then
@@ -39,16 +46,24 @@ from slimspec_operator.contract import (
 from slimspec_operator.kube.client import ApiError, conflict_retries, shared
 from slimspec_operator.metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
 from slimspec_operator.resource.spec import SlimSpecService, ratio_in_force
+from slimspec_operator.rollout.observe import observe_deployment
+from slimspec_operator.rollout.plan import ObservedDeployment, Round, deployment_news, timer_due
 from slimspec_operator.rollout.reconcile import reconcile
 
+# How often the timer looks (in memory) whether a round is due; see timer_due.
 RECONCILE_INTERVAL_S = float(os.environ.get("SLIMSPEC_RECONCILE_INTERVAL", "10"))
+# A full round of an idle resource, for drift no watch sees (0: never).
+RESYNC_INTERVAL_S = float(os.environ.get("SLIMSPEC_RESYNC_INTERVAL", "1800"))
 # A hub mirror for the model preparation Jobs (HF_ENDPOINT), set by the cluster's
 # admin for the whole operator: a per-resource endpoint would let whoever writes a
 # SlimSpecService send the hub token of a Secret to a server of their choosing.
 HF_ENDPOINT = os.environ.get("SLIMSPEC_HF_ENDPOINT") or None
 
 _written_ratio: dict[str, float] = {}  # uid -> ratio last written to the ConfigMap
+_written_failed: dict[str, str | None] = {}  # uid -> status.failedTemplateHash last written
 _reconciled_generation: dict[str, int] = {}  # uid -> metadata.generation last reconciled
+_rounds: dict[str, Round] = {}  # uid -> what its last round left for the timer
+_deployments: dict[str, ObservedDeployment] = {}  # Deployment uid -> as last seen
 
 
 @dataclass
@@ -82,7 +97,9 @@ def _exclusive(uid: str) -> Iterator[None]:
 def _forget(uid: str) -> None:
     """The resource is gone (or going): drop what this process remembers of it."""
     _written_ratio.pop(uid, None)
+    _written_failed.pop(uid, None)
     _reconciled_generation.pop(uid, None)
+    _rounds.pop(uid, None)
 
 
 def now() -> datetime:
@@ -119,7 +136,13 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
                     if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                         _forget(uid)
                         return
-                    reconcile(kube, fresh, now(), _event_sink(fresh, logger), HF_ENDPOINT)
+                    at = now()
+                    outcome = reconcile(kube, fresh, at, _event_sink(fresh, logger), HF_ENDPOINT)
+                    plan = outcome.plan
+                    wake = plan.wake_at if plan is not None else None
+                    _rounds[uid] = Round(at, wake, retry=outcome.refused)
+                    failed = (fresh.get("status") or {}).get("failedTemplateHash")
+                    _written_failed[uid] = plan.failed_hash if plan is not None else failed
                     _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))
                     _reconciled_generation[uid] = int(fresh["metadata"].get("generation") or 0)
                     RECONCILE_TOTAL.labels("ok").inc()
@@ -129,9 +152,11 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
             if e.status == 404 and shared().get(KIND, *_ns_name(body)) is None:
                 return  # deleted while we worked on it; the GC removes the rest
             RECONCILE_TOTAL.labels("error").inc()
+            _rounds[uid] = Round(now(), retry=True)
             raise kopf.TemporaryError(f"API error {e}", delay=2) from e
         except Exception:
             RECONCILE_TOTAL.labels("error").inc()
+            _rounds[uid] = Round(now(), retry=True)
             raise
         finally:
             RECONCILE_SECONDS.observe(time.monotonic() - t0)
@@ -150,6 +175,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # only our own events at INFO
     settings.execution.max_workers = int(os.environ.get("SLIMSPEC_MAX_WORKERS", "8"))
     settings.watching.server_timeout = 300
+    # Only our own Deployments and Jobs come down the watch streams (server-side).
+    ours = f"{MANAGED_BY_LABEL}={MANAGER}"
+    settings.watching.label_selectors["apps", "deployments"] = ours
+    settings.watching.label_selectors["batch", "jobs"] = ours
 
 
 def _spec_not_reconciled(body: kopf.Body, **_: Any) -> bool:
@@ -171,13 +200,21 @@ def on_change(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL_S, initial_delay=1)
 def on_timer(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    run(body, logger)
+    """A deadline, a retry or a resync; otherwise nothing (no API request)."""
+    uid = body.get("metadata", {}).get("uid", "")
+    if timer_due(_rounds.get(uid), now(), RESYNC_INTERVAL_S):
+        run(body, logger)
 
 
 def _ratio_moved(body: kopf.Body, **_: Any) -> bool:
-    """The ratio in force differs from the one last written (e.g. the tuner wrote
-    status.compression.ratio): push it to the ConfigMap now, not at the next tick."""
+    """A status input of the round differs from what the last round wrote: the
+    ratio in force (e.g. the tuner wrote status.compression.ratio: push it to the
+    ConfigMap now), or status.failedTemplateHash (removed by hand to retry a
+    rolled-back version)."""
     uid = body.get("metadata", {}).get("uid", "")
+    failed = (body.get("status") or {}).get("failedTemplateHash")
+    if uid in _written_failed and _written_failed[uid] != failed:
+        return True
     try:
         ratio = ratio_in_force(SlimSpecService.from_body(body))
     except ValueError:  # pydantic: an object the API server let through but we cannot read
@@ -203,10 +240,33 @@ def on_gone(body: kopf.Body, **_: Any) -> None:
     _forget(body.get("metadata", {}).get("uid", ""))
 
 
+def _deployment_news(body: Mapping[str, Any], type: str | None) -> bool:
+    """A Deployment event the plan cares about, remembered per Deployment: the
+    controller's status writes that change nothing the plan reads start no round."""
+    uid = body.get("metadata", {}).get("uid", "")
+    if type == "DELETED":
+        _deployments.pop(uid, None)
+        return True
+    seen = observe_deployment(body)
+    news = deployment_news(_deployments.get(uid), seen)
+    _deployments[uid] = seen
+    return news
+
+
 @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGER})
+def on_deployment(body: kopf.Body, logger: kopf.Logger, type: str | None = None, **_: Any) -> None:
+    """A Deployment's readiness moves its resource on now."""
+    if _deployment_news(body, type):
+        _run_owner(body, logger)
+
+
 @kopf.on.event("batch", "v1", "jobs", labels={MANAGED_BY_LABEL: MANAGER})
-def on_deployment(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    """A Deployment's readiness or a preparation Job's end moves its resource on now."""
+def on_job(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    """A preparation Job's end moves its resource on now."""
+    _run_owner(body, logger)
+
+
+def _run_owner(body: kopf.Body, logger: kopf.Logger) -> None:
     owner = next(
         (
             ref

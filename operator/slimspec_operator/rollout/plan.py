@@ -20,7 +20,7 @@ Order of a rollout from hash A (served) to B (desired):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from slimspec_operator.rollout.reasons import Reason
 
@@ -121,10 +121,18 @@ class Plan:
     degraded: Cond = Cond(False, Reason.AS_EXPECTED, "")
     events: list[Event] = field(default_factory=list)
     done: bool = False  # nothing left to wait for
+    # When this plan would change with nothing else changing: the ready deadline of
+    # the Deployment it waits for. Every other change arrives as a watch event.
+    wake_at: datetime | None = None
 
 
 def _age(d: ObservedDeployment, now: datetime) -> float:
     return (now - d.created_at).total_seconds()
+
+
+def _deadline(d: ObservedDeployment, desired: Desired) -> datetime:
+    """The first moment at which `d` counts as not ready in time (`_age` > timeout)."""
+    return d.created_at + timedelta(seconds=desired.ready_timeout_s, milliseconds=1)
 
 
 def plan_rollout(desired: Desired, observed: Observed) -> Plan:
@@ -229,6 +237,7 @@ def _steady(desired: Desired, observed: Observed, new: ObservedDeployment | None
         )
     else:
         p.progressing = Cond(True, Reason.WAITING_FOR_READY, msg)
+        p.wake_at = _deadline(new, desired)
     return p
 
 
@@ -319,4 +328,35 @@ def _rolling(
         p.done = True
     else:
         p.progressing = Cond(True, Reason.ROLLING_OUT, msg)
+        p.wake_at = _deadline(new, desired)
     return p
+
+
+# ---------------------------------------------------------------- when to reconcile
+
+
+@dataclass(frozen=True)
+class Round:
+    """What the last reconcile of one resource left behind, for the timer to judge."""
+
+    at: datetime  # when it ran
+    wake_at: datetime | None = None  # its plan's deadline (Plan.wake_at)
+    retry: bool = False  # it failed or was refused: the cluster may heal without an event
+
+
+def timer_due(last: Round | None, now: datetime, resync_s: float) -> bool:
+    """Whether a timer tick reconciles: never reconciled here, a retry, a deadline
+    passed, or a drift resync due (resync_s <= 0: never). Everything else is
+    watch-driven (spec changes, owned Deployments and Jobs), so an idle resource
+    costs no API request."""
+    if last is None or last.retry:
+        return True
+    if last.wake_at is not None and now >= last.wake_at:
+        return True
+    return resync_s > 0 and (now - last.at).total_seconds() >= resync_s
+
+
+def deployment_news(before: ObservedDeployment | None, now: ObservedDeployment) -> bool:
+    """Whether a Deployment event says anything the plan reads (readiness, replicas,
+    generations, labels); status churn of other fields does not count."""
+    return before != now

@@ -9,13 +9,15 @@ an Event says it once):
   (kube/ownership.py): reason ResourceConflict;
 - the API server refuses an object built from the spec (400/422, e.g. an
   affinity it cannot parse): reason InvalidSpec with the server's message. The
-  next timer round tries again, so fixing the spec (or the operator) heals it.
+  next timer round tries again (`Outcome.refused`), so fixing the spec (or the
+  operator) or removing the foreign object heals it.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -71,6 +73,16 @@ _EVENT_METRIC: dict[str, str] = {
     Reason.ROLLED_BACK: "rolled_back",
 }
 MESSAGE_LIMIT = 512  # a server's refusal in a condition: enough to name the field
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a round did: its plan (None: the spec could not be read) and whether it
+    was refused (a foreign object in the way, a spec the server refuses), so that
+    nothing but status was written and a later round must try again."""
+
+    plan: Plan | None
+    refused: bool = False
 
 
 def _owner_meta(svc: SlimSpecService) -> dict[str, Any]:
@@ -223,7 +235,7 @@ def reconcile(
     now: datetime,
     emit: EventSink | None = None,
     hf_endpoint: str | None = None,
-) -> Plan | None:
+) -> Outcome:
     """Bring the cluster in line with `body`; raises ApiError 409 when the object
     changed since `body` was read (the caller re-reads and runs again)."""
     meta = body["metadata"]
@@ -235,7 +247,7 @@ def reconcile(
         where = ".".join(str(p) for p in first.get("loc", ()))
         text = short(f"spec cannot be read: {where}: {first.get('msg', '')}")
         _refuse(kube, meta, status_in, status_in, Reason.INVALID_SPEC, text, now, emit)
-        return None
+        return Outcome(None, refused=True)
     rv: str | None = meta.get("resourceVersion")
     prep_spec = preparation(svc)
     found: Found = [
@@ -260,7 +272,7 @@ def reconcile(
             status.pop("url", None)  # that URL reaches someone else's pods
         text = conflict_message(taken)
         _refuse(kube, meta, status_in, status, RESOURCE_CONFLICT, text, now, emit)
-        return plan
+        return Outcome(plan, refused=True)
 
     try:
         _apply_support_objects(kube, svc)
@@ -285,7 +297,7 @@ def reconcile(
         text = short(f"the API server refused an object built from the spec: {exc.message}")
         current = dict(meta, resourceVersion=rv)
         _refuse(kube, current, status_in, status, Reason.INVALID_SPEC, text, now, emit)
-        return plan
+        return Outcome(plan, refused=True)
     keep = {d.preparation_key for d in observed.deployments} | ({prep.prep.key} if prep else set())
     _drop_unused_jobs(kube, svc, keep)
     # The events report the actions just taken: tell them even if the status
@@ -302,4 +314,4 @@ def reconcile(
     _write_status(kube, meta, status, rv)
 
     ROLLOUT_IN_PROGRESS.labels(svc.namespace, svc.name).set(1 if plan.rollout_version else 0)
-    return plan
+    return Outcome(plan)
