@@ -25,6 +25,12 @@ from pydantic.alias_generators import to_snake
 SELECTOR = 'namespace="{namespace}",service="{service}"'
 # rate() window, substituted per resource: see rate_window().
 RATE_WINDOW = "{window}"
+# The grouped form of a built-in query answers for every SlimSpecService at once, one
+# series per (namespace, service): the tuner runs it once per tick for all resources
+# that keep the built-in template (tuning/prometheus/shared.py). {scope} is filled
+# with `service!=""`, or with the namespace too where credentials are per namespace.
+GROUP_SELECTOR = "{scope}"
+BY = "namespace, service"
 
 
 class Need(StrEnum):
@@ -50,6 +56,8 @@ class QueryDef:
     into: Into
     field: str  # the Sample / Predictions field the answer fills
     vector_label: str | None = None  # one series per value of this label; None: one number
+    grouped: str = ""  # the built-in query for all resources at once, by (namespace, service)
+    absent: float | None = None  # the answer when a resource has no series (else NoData)
 
     @property
     def attribute(self) -> str:
@@ -64,6 +72,8 @@ P99_LATENCY = QueryDef(
     Need.CONTROL,
     Into.SAMPLE,
     "p99_latency",
+    grouped=f"histogram_quantile(0.99, sum by ({BY}, le) "
+    f"(rate(slimspec_request_latency_seconds_bucket{{{GROUP_SELECTOR}}}[{RATE_WINDOW}])))",
 )
 REQUEST_RATE = QueryDef(
     "requestRate",
@@ -71,6 +81,7 @@ REQUEST_RATE = QueryDef(
     Need.CONTROL,
     Into.SAMPLE,
     "request_rate",
+    grouped=f"sum by ({BY}) (rate(slimspec_requests_total{{{GROUP_SELECTOR}}}[{RATE_WINDOW}]))",
 )
 MEAN_ACCEPTED_LENGTH = QueryDef(
     "meanAcceptedLength",
@@ -78,6 +89,7 @@ MEAN_ACCEPTED_LENGTH = QueryDef(
     Need.CONTROL,
     Into.SAMPLE,
     "mean_accepted_length",
+    grouped=f"avg by ({BY}) (slimspec_mean_accepted_length{{{GROUP_SELECTOR}}})",
 )
 FALLBACK_RATE = QueryDef(
     "fallbackRate",
@@ -86,6 +98,8 @@ FALLBACK_RATE = QueryDef(
     Need.CONTROL,
     Into.SAMPLE,
     "fallback_rate",
+    grouped=f"sum by ({BY}) (rate(slimspec_fallbacks_total{{{GROUP_SELECTOR}}}[{RATE_WINDOW}]))",
+    absent=0.0,
 )
 KEPT_ACCEPTANCE = QueryDef(
     "keptAcceptance",
@@ -95,6 +109,7 @@ KEPT_ACCEPTANCE = QueryDef(
     Need.CONTROL,
     Into.SAMPLE,
     "kept_acceptance",
+    grouped=f"min by ({BY}) (slimspec_acceptance_kept_ratio{{{GROUP_SELECTOR}}} > 0)",
 )
 QUEUE_DEPTH = QueryDef(
     "queueDepth",
@@ -102,6 +117,7 @@ QUEUE_DEPTH = QueryDef(
     Need.QUEUE_SCALING,
     Into.SAMPLE,
     "queue_depth",
+    grouped=f"avg by ({BY}) (slimspec_queue_depth{{{GROUP_SELECTOR}}})",
 )
 # The engines' predictions, one series per ratio: mean over pods for the
 # speed-up and the head share, the worst pod for kept acceptance.
@@ -112,6 +128,7 @@ PREDICTED_SPEEDUP = QueryDef(
     Into.PREDICTIONS,
     "speedup",
     vector_label="ratio",
+    grouped=f"avg by ({BY}, ratio) (slimspec_ratio_predicted_speedup{{{GROUP_SELECTOR}}})",
 )
 RATIO_KEPT_ACCEPTANCE = QueryDef(
     "ratioKeptAcceptance",
@@ -120,6 +137,7 @@ RATIO_KEPT_ACCEPTANCE = QueryDef(
     Into.PREDICTIONS,
     "kept",
     vector_label="ratio",
+    grouped=f"min by ({BY}, ratio) (slimspec_ratio_kept_acceptance{{{GROUP_SELECTOR}}})",
 )
 DRAFT_HEAD_SHARE = QueryDef(
     "draftHeadShare",
@@ -128,6 +146,7 @@ DRAFT_HEAD_SHARE = QueryDef(
     Into.PREDICTIONS,
     "head_share",
     vector_label="ratio",
+    grouped=f"avg by ({BY}, ratio) (slimspec_draft_head_share{{{GROUP_SELECTOR}}})",
 )
 BEST_RATIO = QueryDef(
     "bestRatio",
@@ -135,6 +154,7 @@ BEST_RATIO = QueryDef(
     Need.TUNING,
     Into.PREDICTIONS,
     "best",
+    grouped=f"avg by ({BY}) (slimspec_ratio_best{{{GROUP_SELECTOR}}})",
 )
 COMPRESSION_CAN_HELP = QueryDef(
     "compressionCanHelp",
@@ -145,6 +165,9 @@ COMPRESSION_CAN_HELP = QueryDef(
     Need.TUNING,
     Into.PREDICTIONS,
     "can_help",
+    grouped=f"min by ({BY}) (slimspec_compression_can_help{{{GROUP_SELECTOR}}} "
+    "unless on (instance) "
+    f'(slimspec_compression_can_help_info{{{GROUP_SELECTOR},reason="not_measured"}} == 1))',
 )
 COMPRESSION_CAN_HELP_REASON = QueryDef(
     "compressionCanHelpReason",
@@ -154,6 +177,7 @@ COMPRESSION_CAN_HELP_REASON = QueryDef(
     Into.PREDICTIONS,
     "reason",
     vector_label="reason",
+    grouped=f"sum by ({BY}, reason) (slimspec_compression_can_help_info{{{GROUP_SELECTOR}}} == 1)",
 )
 HEAD_RANKING_AGE = QueryDef(
     "headRankingAge",
@@ -161,6 +185,7 @@ HEAD_RANKING_AGE = QueryDef(
     Need.TUNING,
     Into.PREDICTIONS,
     "ranking_age",
+    grouped=f"max by ({BY}) (slimspec_head_ranking_age_seconds{{{GROUP_SELECTOR}}})",
 )
 HEAD_RANKING_COVERAGE = QueryDef(
     "headRankingCoverage",
@@ -168,6 +193,7 @@ HEAD_RANKING_COVERAGE = QueryDef(
     Need.TUNING,
     Into.PREDICTIONS,
     "ranking_coverage",
+    grouped=f"min by ({BY}) (slimspec_head_ranking_coverage{{{GROUP_SELECTOR}}})",
 )
 
 # In the CRD's order.

@@ -98,6 +98,26 @@ def due(view: TuningView, last_tick: datetime | None, now: datetime) -> bool:
     return last_tick is None or (now - last_tick).total_seconds() >= interval
 
 
+def grid_slot(interval_s: float, at: datetime) -> int:
+    """The evaluation slot `at` falls in: wall-clock time cut into intervals."""
+    return int(at.timestamp() // interval_s)
+
+
+def due_on_grid(
+    view: TuningView, last_tick: datetime | None, started: datetime, now: datetime, timer_s: float
+) -> bool:
+    """One evaluation per spec.tuning.intervalSeconds, in step with every other
+    resource of that interval: at the first timer firing of each wall-clock slot,
+    so that all of them read the same Prometheus answers (tuning/prometheus/shared.py).
+    A new resource waits for the start of a slot (its first `timer_s` seconds), but
+    never longer than one interval."""
+    interval = view.tuning.interval_seconds
+    if last_tick is None:
+        at_start = now.timestamp() % interval < timer_s
+        return at_start or (now - started).total_seconds() >= interval
+    return grid_slot(interval, now) > grid_slot(interval, last_tick)
+
+
 # ------------------------------------------------------------------ spec -> settings
 
 

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -48,7 +48,7 @@ from slimspec_operator.contract import (
 from slimspec_operator.kube.client import ApiError, Kube, conflict_retries
 from slimspec_operator.kube.conditions import format_time
 from slimspec_operator.kube.ownership import RESOURCE_CONFLICT, owned_by
-from slimspec_operator.resource.queries import BY_NAME
+from slimspec_operator.resource.queries import BY_NAME, QueryDef
 from slimspec_operator.resource.spec import TuningView
 from slimspec_operator.rollout.plan import Event
 from slimspec_operator.tuning.keda import (
@@ -63,10 +63,21 @@ from slimspec_operator.tuning.plan import (
     TickPlan,
     controlling,
     due,
+    due_on_grid,
+    grid_slot,
     plan_tick,
 )
 from slimspec_operator.tuning.prometheus.auth import run_queries
-from slimspec_operator.tuning.prometheus.queries import queries_for, sample_from
+from slimspec_operator.tuning.prometheus.errors import PromError
+from slimspec_operator.tuning.prometheus.queries import (
+    Answer,
+    answer_of,
+    queries_for,
+    rate_window,
+    sample_from,
+    shareable,
+)
+from slimspec_operator.tuning.prometheus.shared import SharedReads
 from slimspec_operator.tuning.reasons import EventReason
 from slimspec_operator.tuning.types import Sample
 
@@ -98,13 +109,26 @@ async def tick(
     *,
     dry_run: bool = DRY_RUN,
     force: bool = False,
+    shared: SharedReads | None = None,
+    timer_s: float | None = None,
 ) -> dict[str, Any] | None:
-    """One evaluation of one resource. Returns the status it applied (for tests/logs)."""
+    """One evaluation of one resource. Returns the status it applied (for tests/logs).
+
+    With `timer_s` (the period of the timer that calls it) evaluations keep to the
+    wall-clock grid that every resource shares (plan.due_on_grid), and with `shared`
+    the built-in queries are read once for all resources (prometheus/shared.py)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     view = _view(body)
-    if view is None or not (force or due(view, mem.last_tick, now)):
+    if view is None:
         return None
+    if timer_s is not None:
+        is_due = due_on_grid(view, mem.last_tick, mem.started, now, timer_s)
+    else:
+        is_due = due(view, mem.last_tick, now)
+    if not (force or is_due):
+        return None
+    log.debug("%s/%s: evaluating", ns, name)
     mem.last_tick = now
     await asyncio.to_thread(reconcile_keda, kube, body, view, mem)
 
@@ -116,7 +140,9 @@ async def tick(
                 if fresh is None or (again := _view(fresh)) is None:
                     return None
                 body, meta, view = fresh, fresh["metadata"], again
-            sample = await read_sample(view, ns, name, now, kube) if controlling(view) else None
+            sample = None
+            if controlling(view):
+                sample = await read_sample(view, ns, name, now, kube, shared)
             status = body.get("status") or {}
             inp = TickInput(view, status, meta.get("generation"), sample, mem.state, now, dry_run)
             plan = plan_tick(inp)
@@ -139,15 +165,40 @@ def _view(body: Mapping[str, Any]) -> TuningView | None:
 
 
 async def read_sample(
-    view: TuningView, namespace: str, name: str, now: datetime, kube: Kube | None = None
+    view: TuningView,
+    namespace: str,
+    name: str,
+    now: datetime,
+    kube: Kube | None = None,
+    shared: SharedReads | None = None,
 ) -> Sample:
     """The tick's queries (scalars and per-label vectors), with the resource's
-    Prometheus credentials (prometheus/auth.py)."""
+    Prometheus credentials (prometheus/auth.py). With `shared`, the built-in ones
+    come from the grouped queries all resources share; its own templates run alone."""
     queries = queries_for(view, namespace, name, view.scaling)
-    labels = {k: BY_NAME[k].vector_label for k in queries}
-    scalars = {k: q for k, q in queries.items() if labels[k] is None}
-    vectors = {k: (q, label) for k, q in queries.items() if (label := labels[k]) is not None}
-    numbers, per_label = await run_queries(kube, namespace, view.prometheus, scalars, vectors)
+    common: dict[str, QueryDef] = {}
+    if shared is not None:
+        common = {k: BY_NAME[k] for k in queries if shareable(view, BY_NAME[k])}
+    own = {k: q for k, q in queries.items() if k not in common}
+    labels = {k: BY_NAME[k].vector_label for k in own}
+    scalars = {k: q for k, q in own.items() if labels[k] is None}
+    vectors = {k: (q, label) for k, q in own.items() if (label := labels[k]) is not None}
+    numbers: dict[str, float | PromError] = {}
+    per_label: dict[str, dict[str, float] | PromError] = {}
+    if own:
+        numbers, per_label = await run_queries(kube, namespace, view.prometheus, scalars, vectors)
+    if shared is not None and common:
+        window = rate_window(view.tuning.interval_seconds)
+        slot = grid_slot(view.tuning.interval_seconds, now)
+        grouped = await shared.answers(kube, view.prometheus, namespace, common, window, slot)
+        for key, query in common.items():
+            answer: Answer | PromError = answer_of(
+                query, grouped[key], namespace, name, queries[key]
+            )
+            if query.vector_label is None:  # answer_of answers as the query is shaped
+                numbers[key] = cast(float | PromError, answer)
+            else:
+                per_label[key] = cast(dict[str, float] | PromError, answer)
     return sample_from(now, numbers, per_label)
 
 

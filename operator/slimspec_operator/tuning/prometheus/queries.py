@@ -4,6 +4,10 @@ Everything about a query comes from the registry (resource/queries.py): which
 ticks need it, what its answer fills, and whether it answers one number or one
 series per label value (the engines' per-ratio predictions per `ratio`, why
 compression can or cannot help per `reason`); `vector_values` reads the latter.
+
+A built-in query also has a grouped form that answers for every resource at once
+(`grouped_query`); `split_grouped` cuts its answer by (namespace, service) and
+`answer_of` gives one resource exactly what its own query would have answered.
 """
 
 from __future__ import annotations
@@ -75,6 +79,65 @@ def queries_for(view: TuningView, namespace: str, name: str, scaling: bool) -> d
         q.name: render_query(view.tuning.queries.template(q), namespace, name, window)
         for q in needed(view, scaling)
     }
+
+
+Answer = float | dict[str, float]  # one number, or {label value: number}
+Grouped = dict[tuple[str, str], Answer]  # by (namespace, service)
+UNSCOPED = 'service!=""'
+
+
+def shareable(view: TuningView, query: QueryDef) -> bool:
+    """The resource runs the built-in query (not its own template), so the grouped
+    form answers for it too."""
+    return bool(query.grouped) and view.tuning.queries.template(query) == query.template
+
+
+def grouped_query(query: QueryDef, window: str, namespace: str | None = None) -> str:
+    """The grouped PromQL: every service, or every service of `namespace`."""
+    scope = UNSCOPED if namespace is None else f'namespace="{namespace}",{UNSCOPED}'
+    return query.grouped.replace("{scope}", scope).replace("{window}", window)
+
+
+def split_grouped(data: Mapping[str, Any], query: QueryDef, promql: str) -> Grouped:
+    """A grouped answer (`data` of /api/v1/query) by (namespace, service): numbers for
+    a scalar query (NaN kept: `answer_of` reports it as the resource's own query
+    would), {label value: number} for a vector query (NaN/Inf left out)."""
+    if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise PromError(
+            PromReason.BAD_RESPONSE, f"result type {data.get('resultType')!r} for {promql!r}"
+        )
+    out: Grouped = {}
+    for series in data["result"]:
+        try:
+            metric = series.get("metric") or {}
+            key = (str(metric.get("namespace", "")), str(metric.get("service", "")))
+            value = float(series["value"][1])
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PromError(PromReason.BAD_RESPONSE, f"unreadable series {series!r}") from exc
+        if query.vector_label is None:
+            out[key] = value
+        elif math.isfinite(value):
+            per_label = out.setdefault(key, {})
+            assert isinstance(per_label, dict)
+            per_label[str(metric.get(query.vector_label, ""))] = value
+    return out
+
+
+def answer_of(
+    query: QueryDef, grouped: Grouped | PromError, namespace: str, name: str, promql: str
+) -> Answer | PromError:
+    """One resource's answer from the grouped one, as its own query `promql` would
+    have answered it (the same values, the same errors)."""
+    if isinstance(grouped, PromError):
+        return grouped
+    found = grouped.get((namespace, name))
+    if found is None or found == {}:
+        if query.absent is not None:
+            return query.absent
+        return PromError(PromReason.NO_DATA, f"no series for {promql!r}")
+    if isinstance(found, float) and not math.isfinite(found):
+        return PromError(PromReason.NOT_A_NUMBER, f"{promql!r} = {found}")
+    return found
 
 
 def vector_values(data: Mapping[str, Any], label: str, promql: str) -> dict[str, float]:
