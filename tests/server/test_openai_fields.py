@@ -129,12 +129,16 @@ def test_n_choices_seeded_and_reproducible(client) -> None:
 @pytest.mark.parametrize(
     "extra, field",
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format",
+        ),
         (
             {
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {}},
+                    "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
                 }
             },
             "response_format",
@@ -175,6 +179,13 @@ def test_completion_combinations_that_are_refused(client) -> None:
         client.completions.create(model="m", prompt="x", max_tokens=3, best_of=2)
     with pytest.raises(openai.BadRequestError, match="echo"):
         client.completions.create(model="m", prompt="x", max_tokens=3, echo=True, logprobs=1)
+    with pytest.raises(openai.BadRequestError, match="response_format"):  # chat's field
+        client.completions.create(
+            model="m",
+            prompt="x",
+            max_tokens=3,
+            extra_body={"response_format": {"type": "json_object"}},
+        )
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model="m", prompt="x", max_tokens=3, suffix="end")
     tool_turn = [

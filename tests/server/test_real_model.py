@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,42 @@ def test_cli_serves_real_text(small_real_model: Path, tmp_path: Path) -> None:
             temperature=0,
         )
         assert any(ch.isalpha() for ch in chat.choices[0].message.content)
+        # Structured output on a real byte-level tokenizer: the schema is followed.
+        schema = {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 12},
+                "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            },
+            "required": ["name", "age"],
+            "additionalProperties": False,
+        }
+        for fmt in (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": schema, "strict": True},
+            },
+            {"type": "json_object"},
+        ):
+            structured = client.chat.completions.create(
+                model="smol",
+                messages=[{"role": "user", "content": "Describe a person as JSON."}],
+                max_tokens=60,
+                temperature=0,
+                response_format=fmt,  # type: ignore[arg-type]
+                logprobs=True,
+            )
+            content = structured.choices[0].message.content
+            if fmt["type"] == "json_schema":  # short by the schema: it ends
+                assert structured.choices[0].finish_reason == "stop", content
+                value = json.loads(content)
+                assert set(value) == {"name", "age"} and isinstance(value["age"], int)
+            else:  # any object: the model may still be writing one at max_tokens
+                assert content.lstrip().startswith("{"), content
+                if structured.choices[0].finish_reason == "stop":
+                    assert isinstance(json.loads(content), dict)
+            entries = structured.choices[0].logprobs.content
+            assert b"".join(bytes(e.bytes) for e in entries).decode() == content
         auth = {"Authorization": "Bearer file-token"}
         assert httpx.get(f"{base}/admin/runtime", headers=auth).status_code == 200
         metrics = httpx.get(f"{base}/metrics").text

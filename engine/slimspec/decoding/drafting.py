@@ -110,7 +110,9 @@ class HeadDrafter:
         head = self.heads.head  # one object for the whole step (a re-rank swaps it between steps)
         token_ids = head.token_ids(cfg)
         # Greedy batches also propose the draft's runner-up at the first m depths.
-        m = min(k, self.sibling_drafts) if sampling.all_greedy and len(token_ids) > 1 else 0
+        # (Not for constrained rows: a sibling's own slot would need its grammar state.)
+        greedy = sampling.all_greedy and sampling.grammar is None
+        m = min(k, self.sibling_drafts) if greedy and len(token_ids) > 1 else 0
         t0 = self._clock()
         b, kv = len(batch.rows), batch.draft_kv
         inp, inp_pos, inp_real = batch.draft_backlog()  # first feed what the draft has not seen
@@ -133,6 +135,8 @@ class HeadDrafter:
                 head_s += time.perf_counter() - th
             else:
                 logits = head.logits(hidden, cfg)
+            if sampling.grammar is not None:  # propose what the grammar allows
+                logits = sampling.grammar.draft_logits(logits, token_ids)
             if j < m:
                 top2 = logits.topk(2, dim=-1).indices
                 idx = top2[:, 0]
@@ -145,6 +149,8 @@ class HeadDrafter:
                 q_subset.append(q)
             tok = token_ids[idx]
             drafts.append(tok)
+            if sampling.grammar is not None:
+                sampling.grammar.take_drafts(tok)
             if shadow:  # the full head scores these after verification, outside the timing
                 shadow_argmax.append(token_ids[logits.argmax(dim=-1)])
                 shadow_hidden.append(hidden.clone())

@@ -20,10 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from slimspec.decoding.types import GREEDY_TEMPERATURE, SamplingParams
+
+if TYPE_CHECKING:
+    from slimspec.decoding.grammar import StepGrammar
 
 # Shape conventions: B rows (requests), k draft positions, V vocabulary.
 
@@ -234,6 +238,7 @@ class BatchSampling:
     device: torch.device
     coupled: tuple[bool, ...] = ()
     noise: torch.Tensor | None = None
+    grammar: StepGrammar | None = None  # when a row is constrained (decoding/grammar.py)
 
     @classmethod
     def for_rows(

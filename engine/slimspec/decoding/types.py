@@ -44,6 +44,8 @@ class GenerationRequest:
     # None: no log-probabilities; n >= 0: each emitted token's, with the n likeliest
     # alternatives at its position (decoding/logprobs.py).
     logprobs: int | None = None
+    # llguidance grammar the output must follow (decoding/grammar.py); None: free text
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from slimspec.decoding.drafting import Proposal
+from slimspec.decoding.grammar import mask_logits
 from slimspec.decoding.grouped_forward import Group, forward_groups
 from slimspec.decoding.kv import decoder_stack, forward
 from slimspec.decoding.logprobs import token_logprobs
@@ -95,6 +96,9 @@ class TargetVerifier:
         logits = self.head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
+        raw = logits  # log-probabilities report the target's own distribution
+        if sampling.grammar is not None:  # constrained rows decide among what is allowed
+            logits = mask_logits(logits, sampling.grammar.target_masks(logits.shape[1]))
         hit = torch.zeros(n_all, dtype=torch.bool, device=dev)
         argmax = None
         if sampling.all_greedy:
@@ -109,7 +113,7 @@ class TargetVerifier:
             if want_argmax:
                 argmax = logits.argmax(dim=-1)
         seconds = self._clock() - t0
-        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds, logits)
+        return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds, raw)
 
     def keep_accepted(self, batch: RowBatch, proposal: Proposal, verdict: Verdict) -> None:
         """The target cache keeps each row's last token and accepted drafts, and an

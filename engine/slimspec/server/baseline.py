@@ -18,6 +18,7 @@ import torch
 
 from slimspec.cpu.target_form import TargetForm, served_form
 from slimspec.decoding.engine import NO_DRAFT_RATIO, DraftHeadInfo, Engine, eos_token_ids
+from slimspec.decoding.grammar import allowed_tokens, mask_logits, new_matcher
 from slimspec.decoding.logprobs import token_logprobs
 from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.sampling import coupled_choice, race_noise, sampling_tensors, warp_probs
@@ -52,6 +53,7 @@ class _Seq:
     output: list[int] = field(default_factory=list)
     seed: int = 0  # the request's seed, or a random one (sampling requests)
     stats: RequestStats = field(default_factory=RequestStats)
+    matcher: Any = None  # the request's grammar state (decoding/grammar.py), if any
 
 
 class TargetOnlyEngine(Engine):
@@ -75,6 +77,7 @@ class TargetOnlyEngine(Engine):
         self.prefill_chunk = prefill_chunk  # most prompt tokens prefilled per step, all requests
         text_config = model.config.get_text_config()
         self._max_context: int | None = getattr(text_config, "max_position_embeddings", None)
+        self._vocab = model.get_output_embeddings().weight.shape[0]
         self._seqs: dict[str, _Seq] = {}
         self._lock = threading.Lock()
 
@@ -116,10 +119,15 @@ class TargetOnlyEngine(Engine):
         seed = req.sampling.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
+        matcher = None
+        if req.grammar is not None:
+            matcher = new_matcher(req.grammar, self.tokenizer, self._vocab)
         with self._lock:
             if req.request_id in self._seqs:
                 raise ValueError(f"duplicate request id {req.request_id}")
-            self._seqs[req.request_id] = _Seq(req=req, next_input=list(req.prompt_ids), seed=seed)
+            self._seqs[req.request_id] = _Seq(
+                req=req, next_input=list(req.prompt_ids), seed=seed, matcher=matcher
+            )
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -150,7 +158,12 @@ class TargetOnlyEngine(Engine):
         if seq.output:
             seq.stats.verify_steps += 1
         position = len(seq.req.prompt_ids) + len(seq.output)
-        tok = choose_token(out.logits[0, -1], seq.req.sampling, seq.seed, position)
+        logits = out.logits[0, -1]
+        if seq.matcher is not None:  # decide among what the grammar allows
+            logits = mask_logits(logits, allowed_tokens(seq.matcher, self._vocab))
+        tok = choose_token(logits, seq.req.sampling, seq.seed, position)
+        if seq.matcher is not None:
+            seq.matcher.consume_token(tok)
         seq.output.append(tok)
         seq.next_input = [tok]
         lps: list[TokenLogprob] | None = None

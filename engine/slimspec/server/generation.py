@@ -26,6 +26,7 @@ class GenParams:
     sampling: SamplingParams
     stops: list[str] = field(default_factory=list)
     logprobs: int | None = None  # None: none; n: each token's, with n alternatives
+    grammar: str | None = None  # structured output (decoding/grammar.py)
 
 
 @dataclass
@@ -164,6 +165,7 @@ async def text_deltas(
             params.sampling,
             loop,
             logprobs=params.logprobs,
+            grammar=params.grammar,
         )
     except QueueFull as exc:
         raise ApiError(429, "overloaded", str(exc), retry_after=exc.retry_after_s) from None

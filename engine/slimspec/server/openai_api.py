@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from slimspec.decoding.grammar import grammar_error, json_schema_grammar
 from slimspec.decoding.types import SamplingParams, TokenLogprob
 from slimspec.server.errors import ApiError, error_body
 from slimspec.server.generation import (
@@ -99,6 +100,42 @@ def _check_fields(body: Any, route: str) -> None:
     ignored = check_extra_fields(body.model_extra)
     if ignored:
         log.info("%s: ignored field(s) that describe the caller: %s", route, ", ".join(ignored))
+
+
+def response_grammar(response_format: dict[str, Any] | None) -> str | None:
+    """The grammar a chat `response_format` asks for (None: free text); 400 for one that
+    is malformed or does not compile."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema: Any = {"type": "object"}
+    elif kind == "json_schema":
+        spec = (response_format or {}).get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ApiError(
+                400,
+                "invalid_value",
+                "response_format.json_schema.schema must be a JSON schema object",
+                param="response_format",
+            )
+    else:
+        raise ApiError(
+            400,
+            "invalid_value",
+            f"response_format type {kind!r}: use text, json_object or json_schema",
+            param="response_format",
+        )
+    try:
+        grammar = json_schema_grammar(schema)
+    except ValueError as exc:
+        grammar, error = "", str(exc)
+    else:
+        error = grammar_error(grammar)
+    if error and not error.startswith("WARNING"):
+        raise ApiError(400, "invalid_schema", f"response_format: {error}", param="response_format")
+    return grammar
 
 
 def per_choice(params: GenParams, n: int) -> list[GenParams]:
@@ -371,6 +408,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 param=f"messages.{i}.tool_calls",
             )
     params = _params(service, body, 256, body.logprobs_top)
+    params.grammar = await asyncio.to_thread(response_grammar, body.response_format)
     served = acquire(service)
     try:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]

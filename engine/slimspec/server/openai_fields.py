@@ -45,9 +45,10 @@ def _is(*neutral: Any) -> Callable[[Any], bool]:
 # Output-changing fields this server does not do, with the value that changes nothing
 # (accepted) and why anything else is refused.
 NOT_SUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    # (chat honours it: a field of its request model; the completions API has none)
     "response_format": (
         lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-        "structured output (json_object, json_schema) is not supported yet",
+        "response_format is a chat completions field",
     ),
     "tools": (_empty, "tool calling is not supported"),
     "tool_choice": (_is("none", "auto"), "tool calling is not supported"),

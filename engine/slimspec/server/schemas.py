@@ -167,6 +167,7 @@ class ChatCompletionRequest(_OpenAIBase):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: dict[str, Any] | None = None  # text | json_object | json_schema
 
     @property
     def logprobs_top(self) -> int | None:

@@ -325,6 +325,7 @@ class EngineService:
         loop: asyncio.AbstractEventLoop,
         timeout_s: float | None = None,
         logprobs: int | None = None,
+        grammar: str | None = None,
     ) -> tuple[Served, RequestHandle]:
         """Queue a request (QueueFull -> 429 upstream); follows a swap that raced it."""
         timeout = min(timeout_s or self.limits.request_timeout_s, self.limits.request_timeout_s)
@@ -335,6 +336,7 @@ class EngineService:
             sampling=sampling,
             stop_token_ids=served.stop_ids,
             logprobs=logprobs,
+            grammar=grammar,
         )
         for _ in range(3):
             try:
