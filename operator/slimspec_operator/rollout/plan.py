@@ -78,17 +78,25 @@ class ApplyDeployment:
 
 @dataclass(frozen=True)
 class ScaleDeployment:
+    """Set the replicas of a Deployment the plan keeps but does not build."""
+
     name: str
     replicas: int
 
 
 @dataclass(frozen=True)
 class SwitchService:
+    """Point the Service at the pods of this pod template: the traffic switch (the
+    pods it selected until now keep serving up to this moment)."""
+
     template_hash: str
 
 
 @dataclass(frozen=True)
 class DeleteDeployment:
+    """Remove a Deployment the plan no longer keeps. Its pods drain through their
+    preStop hook; the garbage collector takes its ReplicaSets and pods."""
+
     name: str
 
 

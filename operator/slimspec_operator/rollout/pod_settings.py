@@ -20,27 +20,21 @@ SHM_DIR = "/dev/shm"
 ENGINE_UID = 10001  # the image's non-root user
 
 
+def _non_root() -> Manifest:
+    """What the pod and each of its containers both say: the image's non-root user,
+    the runtime's default seccomp profile."""
+    identity = {"runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID}
+    return {"runAsNonRoot": True, **identity, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def container_security() -> Manifest:
     """The restricted Pod Security Standard, for every container the operator makes."""
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": ENGINE_UID,
-        "runAsGroup": ENGINE_UID,
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    locked = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True}
+    return {**_non_root(), **locked, "capabilities": {"drop": ["ALL"]}}
 
 
 def pod_security() -> Manifest:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": ENGINE_UID,
-        "runAsGroup": ENGINE_UID,
-        "fsGroup": ENGINE_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    return {**_non_root(), "fsGroup": ENGINE_UID}
 
 
 def placement(svc: SlimSpecService, engine_selector: Manifest) -> Manifest:

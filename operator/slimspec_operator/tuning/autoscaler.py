@@ -16,7 +16,6 @@ ratio for a while after any replica change (types.TunerSettings.settle_after_sca
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -27,6 +26,9 @@ from slimspec_operator.tuning.types import Sample, clean
 
 @dataclass(frozen=True)
 class Recommendation:
+    """The replica count one tick found right; the largest of the stabilization
+    window's recommendations is the one acted on (scaling down waits for it)."""
+
     time: datetime
     replicas: int
 
@@ -72,7 +74,7 @@ def decide(
     replicas: int,
     settings: AutoscalerSettings,
     now: datetime,
-    recommendations: Sequence[Recommendation] = (),
+    recommendations: tuple[Recommendation, ...] = (),  # the last decision's, as it gave them
     last_ratio_change: datetime | None = None,
     observing_since: datetime | None = None,
 ) -> ScaleDecision:

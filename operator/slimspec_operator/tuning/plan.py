@@ -275,19 +275,16 @@ def plan_ratio(
         effective = effectiveness(
             sample.predictions, settings.min_ratio, settings.max_ratio, settings.min_predicted_gain
         )
-    events: list[Event] = []
+    msg = f"compression ratio {ratio:g} -> {d.ratio:g} ({d.reason}): {d.message}"
+    events = dry_run_events(inp, d.changed, EventReason.DRY_RUN_COMPRESSION, msg)
     write = None
-    if d.changed:
-        msg = f"compression ratio {ratio:g} -> {d.ratio:g} ({d.reason}): {d.message}"
-        if inp.dry_run:
-            events.append(Event("Normal", EventReason.DRY_RUN_COMPRESSION, msg))
-        else:
-            # A revert is announced under its own reason, as a warning.
-            event = Event("Normal", EventReason.COMPRESSION_CHANGED, msg)
-            if d.verdict is not None:
-                event = Event("Warning", d.reason, msg)
-            write = RatioWrite(format_ratio(d.ratio), event)
-    elif d.verdict is not None and not inp.dry_run:
+    if d.changed and not inp.dry_run:
+        # A revert is announced under its own reason, as a warning.
+        event = Event("Normal", EventReason.COMPRESSION_CHANGED, msg)
+        if d.verdict is not None:
+            event = Event("Warning", d.reason, msg)
+        write = RatioWrite(format_ratio(d.ratio), event)
+    elif not d.changed and d.verdict is not None and not inp.dry_run:
         events.append(Event("Normal", d.reason, d.verdict.message))
     doc = compression_status(compression, ratio, d, sample, now, inp.dry_run)
     return RatioPlan(d, doc, write, tuple(events), effective, metrics)
@@ -314,16 +311,18 @@ def plan_scale(inp: TickInput, sample: Sample, last_ratio_change: datetime | Non
     doc: dict[str, Any] = {"desiredReplicas": d.replicas, "reason": d.reason, "message": d.message}
     if old.get("lastScaleTime"):
         doc["lastScaleTime"] = old["lastScaleTime"]
-    events: list[Event] = []
+    msg = f"replicas {view.replicas} -> {d.replicas}: {d.message}"
+    events = dry_run_events(inp, d.changed, EventReason.DRY_RUN_SCALE, msg)
     scale = None
-    if d.changed:
-        msg = f"replicas {view.replicas} -> {d.replicas}: {d.message}"
-        if inp.dry_run:
-            events.append(Event("Normal", EventReason.DRY_RUN_SCALE, msg))
-        else:
-            scale = ScaleTo(d.replicas, Event("Normal", EventReason.SCALED, msg))
-            doc["lastScaleTime"] = format_time(now)
+    if d.changed and not inp.dry_run:
+        scale = ScaleTo(d.replicas, Event("Normal", EventReason.SCALED, msg))
+        doc["lastScaleTime"] = format_time(now)
     return ScalePlan(d, doc, scale, tuple(events), metrics)
+
+
+def dry_run_events(inp: TickInput, changed: bool, reason: str, message: str) -> list[Event]:
+    """A dry run announces the change it would have made, and makes none."""
+    return [Event("Normal", reason, message)] if changed and inp.dry_run else []
 
 
 def plan_conditions(
