@@ -419,6 +419,9 @@ class SpeculativeDecoder(Engine):
         self._grammar.check(req.grammar)
         self._batch.add(req, self._verifier.vocab)
 
+    def check_grammar(self, grammar: str) -> None:
+        self._grammar.check(grammar)
+
     def cancel(self, request_id: str) -> None:
         self._batch.cancel(request_id)
 

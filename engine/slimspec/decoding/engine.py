@@ -79,6 +79,12 @@ class Engine(StepEngine, Protocol):
         """A short generation so the first requests do not pay one-off costs."""
         ...
 
+    def check_grammar(self, grammar: str) -> None:
+        """ValueError for a grammar this engine cannot follow; otherwise it is compiled
+        against the tokenizer once (the first structured request pays seconds there, on
+        the caller's thread, not inside a batch step)."""
+        ...
+
     # Runtime settings (docs/contracts.md: the runtime ConfigMap's keys); called on the
     # scheduler thread between steps. An engine without a draft has nothing to compress
     # or check: it accepts them and keeps reporting what is in force.

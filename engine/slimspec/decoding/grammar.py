@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+_TOKENIZERS_LOCK = threading.Lock()  # built once even when two threads ask at once
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -83,14 +85,15 @@ def ll_tokenizer(tokenizer: Any, n_vocab: int) -> Any:
     import llguidance
     import llguidance.hf
 
-    per_vocab = _TOKENIZERS.setdefault(tokenizer, {})
-    if n_vocab not in per_vocab:
-        try:
-            per_vocab[n_vocab] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab)
-        except ValueError:
-            wrapper = llguidance.TokenizerWrapper(_TokenList(tokenizer, n_vocab))
-            per_vocab[n_vocab] = llguidance.LLTokenizer(wrapper)
-    return per_vocab[n_vocab]
+    with _TOKENIZERS_LOCK:
+        per_vocab = _TOKENIZERS.setdefault(tokenizer, {})
+        if n_vocab not in per_vocab:
+            try:
+                per_vocab[n_vocab] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab)
+            except ValueError:
+                wrapper = llguidance.TokenizerWrapper(_TokenList(tokenizer, n_vocab))
+                per_vocab[n_vocab] = llguidance.LLTokenizer(wrapper)
+        return per_vocab[n_vocab]
 
 
 def json_schema_grammar(schema: dict[str, Any] | str) -> str:
@@ -128,12 +131,14 @@ def allowed_tokens(matcher: Any, n_vocab: int) -> torch.Tensor:
     """(n_vocab,) bool: what the grammar allows next (everything, for a matcher in an
     error state: a broken matcher must not turn the row's logits into NaN)."""
     import llguidance.torch as llt
+    import numpy as np
 
     bits = llt.allocate_token_bitmask(1, n_vocab)
     llt.fill_next_token_bitmask(matcher, bits, 0)
-    words = bits[0].to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(32, dtype=torch.int64)
-    allowed = ((words.unsqueeze(1) >> shifts) & 1).bool().flatten()[:n_vocab]
+    # bit t % 32 of int32 word t // 32, little-endian: numpy unpacks it in 0.2 ms (the
+    # same in torch ops takes 20 ms for a 150k vocabulary)
+    flat = np.unpackbits(bits[0].numpy().view(np.uint8), bitorder="little")
+    allowed = torch.from_numpy(flat[:n_vocab].astype(bool))
     if not allowed.any():
         log.warning("grammar allows nothing (%s): row left unconstrained", matcher.get_error())
         return torch.ones(n_vocab, dtype=torch.bool)
@@ -210,9 +215,11 @@ class GrammarRows:
         self._matchers: dict[str, Any] = {}
 
     def check(self, grammar: str | None) -> None:
-        """ValueError for a grammar this engine cannot follow (at add_request)."""
+        """ValueError for a grammar this engine cannot follow; compiles it against the
+        tokenizer (its first mask: seconds for the first JSON grammar of a large
+        vocabulary, cached after that)."""
         if grammar is not None:
-            new_matcher(grammar, self.tokenizer, self.vocab)
+            allowed_tokens(new_matcher(grammar, self.tokenizer, self.vocab), self.vocab)
 
     def step(
         self, request_ids: Sequence[str], grammars: Sequence[str | None]

@@ -113,6 +113,9 @@ class TargetOnlyEngine(Engine):
     def stop_token_ids(self) -> frozenset[int]:
         return eos_token_ids(self.tokenizer, self.model)
 
+    def check_grammar(self, grammar: str) -> None:
+        allowed_tokens(new_matcher(grammar, self.tokenizer, self._vocab), self._vocab)
+
     def add_request(self, req: GenerationRequest) -> None:
         if not req.prompt_ids:
             raise ValueError("empty prompt")

@@ -410,6 +410,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     params = _params(service, body, 256, body.logprobs_top)
     params.grammar = await asyncio.to_thread(response_grammar, body.response_format)
     served = acquire(service)
+    if params.grammar is not None:
+        try:  # compiled here, on a worker thread, not inside a batch step
+            await asyncio.to_thread(served.engine.check_grammar, params.grammar)
+        except ValueError as exc:
+            raise ApiError(
+                400, "invalid_schema", f"response_format: {exc}", param="response_format"
+            ) from None
     try:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         prompt = await asyncio.to_thread(chat_prompt, served.tokenizer, messages)
