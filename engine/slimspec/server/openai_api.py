@@ -16,8 +16,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,21 @@ async def _generate_all(
         raise
 
 
+Released = tuple[list[TokenLogprob], list[int]]  # log-probabilities and text starts
+
+
+@dataclass(frozen=True)
+class ChunkPart:
+    """What one stream chunk (or a whole choice) says: the text piece, the finish reason,
+    the released log-probabilities (None: not asked for); first: the opening chunk."""
+
+    index: int
+    text: str | None = None
+    finish: str | None = None
+    lps: Released | None = None
+    first: bool = False
+
+
 class _Released:
     """Which of a choice's released log-probabilities a stream has sent."""
 
@@ -201,7 +216,7 @@ class _Released:
         self.states = states
         self.sent = [0] * len(states)
 
-    def take(self, i: int) -> tuple[list[TokenLogprob], list[int]]:
+    def take(self, i: int) -> Released:
         st, a = self.states[i], self.sent[i]
         self.sent[i] = len(st.logprobs)
         return st.logprobs[a:], st.token_starts[a:]
@@ -220,7 +235,7 @@ async def _stream(
     served: Served,
     prompt_ids: list[int],
     choices: list[GenParams],
-    make_chunk: Any,  # (index, text | None, finish | None, logprobs | None, first) -> dict
+    make_chunk: Callable[[ChunkPart], dict[str, Any] | None],
     include_usage: bool,
     endpoint: str,
     prefix: str = "",
@@ -245,7 +260,9 @@ async def _stream(
 
     def piece_chunk(i: int, text: str | None, finish: str | None) -> dict[str, Any]:
         lps = released.take(i) if wants_logprobs else None
-        return make_chunk(i, text, finish, lps, False)
+        out = make_chunk(ChunkPart(i, text, finish, lps))
+        assert out is not None
+        return out
 
     async def body() -> AsyncIterator[str]:
         queue: asyncio.Queue[tuple[int, str | None, BaseException | None]] = asyncio.Queue()
@@ -261,11 +278,11 @@ async def _stream(
         pumps: list[asyncio.Task[None]] = []
         try:
             for i in range(len(choices)):
-                first_chunk = make_chunk(i, None, None, None, True)
+                first_chunk = make_chunk(ChunkPart(i, first=True))
                 if first_chunk is not None:
                     yield _sse(first_chunk)
-                if prefix:
-                    yield _sse(make_chunk(i, prefix, None, None, False))
+                if prefix:  # the echoed prompt (echo refuses logprobs)
+                    yield _sse(make_chunk(ChunkPart(i, prefix)) or {})
                 if firsts[i]:
                     yield _sse(piece_chunk(i, firsts[i], None))
             pumps = [asyncio.create_task(pump(i)) for i in range(len(choices))]
@@ -280,7 +297,7 @@ async def _stream(
                 else:
                     yield _sse(piece_chunk(i, piece, None))
             if include_usage:
-                usage = make_chunk(0, None, None, None, False)
+                usage = make_chunk(ChunkPart(0)) or {}
                 yield _sse({**usage, "choices": [], "usage": _usage(states)})
             yield "data: [DONE]\n\n"
         except ApiError as exc:  # e.g. deadline after the stream started
@@ -321,27 +338,21 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     echo = body.prompt if body.echo else ""
     tok = served.tokenizer
 
-    def lp_object(lps: tuple[list[TokenLogprob], list[int]] | None) -> dict[str, Any] | None:
+    def lp_object(lps: Released | None) -> dict[str, Any] | None:
         return None if lps is None else completion_logprobs(tok, lps[0], lps[1], len(echo))
 
-    def chunk(
-        index: int,
-        text: str | None,
-        finish: str | None,
-        lps: tuple[list[TokenLogprob], list[int]] | None,
-        first_chunk: bool,
-    ) -> dict[str, Any] | None:
-        if first_chunk and index:
+    def chunk(p: ChunkPart) -> dict[str, Any] | None:
+        if p.first and p.index:
             return None  # one opening chunk for all choices
         choices = (
             []
-            if first_chunk
+            if p.first
             else [
                 {
-                    "index": index,
-                    "text": text or "",
-                    "logprobs": lp_object(lps),
-                    "finish_reason": finish,
+                    "index": p.index,
+                    "text": p.text or "",
+                    "logprobs": lp_object(p.lps),
+                    "finish_reason": p.finish,
                 }
             ]
         )
@@ -434,16 +445,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     )
     tok = served.tokenizer
 
-    def chunk(
-        index: int,
-        text: str | None,
-        finish: str | None,
-        lps: tuple[list[TokenLogprob], list[int]] | None,
-        first_chunk: bool,
-    ) -> dict[str, Any]:
-        delta: dict[str, Any] = {"role": "assistant", "content": ""} if first_chunk else {}
-        if text:
-            delta["content"] = text
+    def chunk(p: ChunkPart) -> dict[str, Any]:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if p.first else {}
+        if p.text:
+            delta["content"] = p.text
         return {
             "id": cid,
             "object": "chat.completion.chunk",
@@ -451,10 +456,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             "model": model,
             "choices": [
                 {
-                    "index": index,
+                    "index": p.index,
                     "delta": delta,
-                    "logprobs": None if lps is None else chat_logprobs(tok, lps[0]),
-                    "finish_reason": finish,
+                    "logprobs": None if p.lps is None else chat_logprobs(tok, p.lps[0]),
+                    "finish_reason": p.finish,
                 }
             ],
         }
