@@ -30,8 +30,10 @@ from slimspec_operator.tuning.tick import Memory, tick
 
 TICK_SECONDS = float(os.environ.get("SLIMSPEC_TUNING_TICK_SECONDS", "5"))
 MEMO_KEY = "slimspec_tuning"
-# All ticks of one slot fall within one timer period of its start; a second of slack.
-SHARED = SharedReads(max_age_s=TICK_SECONDS + 1)
+# The ticks of one slot fall within a timer period of its start, unless the process
+# is busy (a burst of new resources): an answer serves its slot for up to 30 s, a
+# fraction of the rate windows (two intervals) the readings are made over.
+SHARED = SharedReads(max_age_s=max(TICK_SECONDS + 1, 30))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, sharp=True)
