@@ -2,14 +2,15 @@
 cache on vs off in one process, and llama.cpp's server on the same GGUF beside it.
 
     .venv/bin/python bench/prefix_cache.py [--quick] [--system-tokens 1000] [--clients 8]
-                                           [--turns 2] [--reps 3] [--threads 2]
+                                           [--turns 2] [--reps 2] [--chat-off] [--threads 2]
 
 One run on the default pair (the default engine: the target from its Q4_K_M GGUF, the
 int4 draft), loaded once:
 
-1. nothing repeats (engine level, before the server starts): batches of `--clients`
-   unique ~300-token prompts, cache on and off alternated (`--reps` each; every run its
-   own prompts, so nothing is ever found), decode + prefill tokens/s.
+1. nothing repeats (engine level, before the server starts): batches of
+   `--no-repeat-clients` (4) unique `--no-repeat-tokens` (200) prompts, cache on and off
+   alternated (`--no-repeat-reps` each; every run its own prompts, so nothing is ever
+   found), decode + prefill tokens/s.
    `prefix_cache_no_repeat_ratio` = tokens/s on / off; the time spent copying blocks into
    the cache is reported beside it (`store_share`).
 2. the repeated prefix, one client over HTTP (streamed /v1/completions): the system
@@ -18,8 +19,9 @@ int4 draft), loaded once:
    first token off / on.
 3. chat, `--clients` conversations at once, `--turns` turns each (each turn's prompt:
    the system prompt, the earlier turns with the model's own replies, a new question):
-   aggregate completion tokens/s and time to first token, cache off, cache on (filled
-   with the system prompt first, as a running server has it), and llama-server
+   aggregate completion tokens/s and time to first token, cache on (filled with the
+   system prompt first, as a running server has it), cache off with `--chat-off` (slow:
+   every turn prefills its whole prompt), and llama-server
    (`-np clients`, its own prompt cache on: each slot keeps its last prompt) on the
    same GGUF and the same token ids.
 
@@ -52,7 +54,7 @@ from slimspec.decoding.types import GenerationRequest
 from slimspec.server.app import ServerConfig
 from slimspec.server.scheduler import SchedulerConfig
 from slimspec.server.service import Limits, ModelRef
-from slimspec.weights.registry import DEFAULT_PAIR
+from slimspec.weights.registry import DEFAULT_PAIR, PAIRS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -236,23 +238,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--system-tokens", type=int, default=1000)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--turns", type=int, default=2)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--no-repeat-tokens", type=int, default=300)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--no-repeat-tokens", type=int, default=200)
+    p.add_argument("--no-repeat-clients", type=int, default=4)
+    p.add_argument("--no-repeat-reps", type=int, default=1)
+    p.add_argument(
+        "--chat-off", action="store_true", help="also the chat with the cache off (slow on a CPU)"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-llamacpp", action="store_true")
+    p.add_argument("--chat-only", action="store_true", help="only the chat part (3.)")
+    p.add_argument("--pair", default=DEFAULT_PAIR.name, help="a registry pair (small: a check)")
     p.add_argument("--out", type=Path, default=RESULTS / "prefix_cache.json")
     args = p.parse_args(argv)
     if args.quick:
         args.system_tokens, args.clients, args.turns, args.reps = 200, 2, 2, 1
-        args.max_new_tokens, args.no_repeat_tokens = 8, 64
+        args.max_new_tokens, args.no_repeat_tokens, args.no_repeat_clients = 8, 64, 2
     torch.set_num_threads(args.threads)
     from slimspec.weights.fetch import fetch_pair
 
-    target_dir, _ = fetch_pair(DEFAULT_PAIR.name)
+    pair = PAIRS[args.pair]
+    target_dir, _ = fetch_pair(pair.name)
     target_gguf = target_form.find_gguf(target_dir)
     dec = SpeculativeDecoder.from_pretrained(
-        target=DEFAULT_PAIR.target, draft=DEFAULT_PAIR.draft, prefix_cache_mb=DEFAULT_MB
+        target=pair.target, draft=pair.draft, prefix_cache_mb=DEFAULT_MB
     )
     tok = dec.tokenizer
     print(f"CPU: {peers_bench.cpu_name()}; target {dec.target_form.describe()}", flush=True)
@@ -268,9 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     # 1. nothing repeats: windows of the code corpus after the system prompt's part
     n = args.no_repeat_tokens
     rest = code[args.system_tokens :]
-    windows = [rest[i * n : (i + 1) * n] for i in range(2 * args.reps * args.clients)]
+    runs = 2 * args.no_repeat_reps * args.no_repeat_clients
+    windows = [rest[i * n : (i + 1) * n] for i in range(runs)]
     assert all(len(w) == n for w in windows), "the code corpus is too short for these runs"
-    nothing_repeats = no_repeat(dec, windows, args.clients, args.reps, args.max_new_tokens)
+    nothing_repeats: dict[str, Any] = {}
+    if not args.chat_only:
+        nothing_repeats = no_repeat(
+            dec, windows, args.no_repeat_clients, args.no_repeat_reps, args.max_new_tokens
+        )
 
     # 2. and 3. over HTTP
     cfg = ServerConfig(
@@ -282,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         warmup=False,
     )
     base, _app, _server = serving_bench.start_server(cfg)
-    repeated = repeated_prefix(dec, base, template, args.reps, args.max_new_tokens)
+    repeated: dict[str, Any] = {}
+    if not args.chat_only:
+        repeated = repeated_prefix(dec, base, template, args.reps, args.max_new_tokens)
 
     def chat_text(messages: list[dict[str, str]]) -> str:
         return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
@@ -291,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         return slimspec_stream(base, chat_text(messages), args.max_new_tokens)
 
     chat: dict[str, Any] = {"clients": args.clients, "turns": args.turns}
-    dec.set_prefix_cache_on(False)
-    chat["slimspec_cache_off"] = chat_load(slim_send, system, args.clients, args.turns)
-    print(f"chat, cache off: {chat['slimspec_cache_off']}", flush=True)
+    if args.chat_off:
+        dec.set_prefix_cache_on(False)
+        chat["slimspec_cache_off"] = chat_load(slim_send, system, args.clients, args.turns)
+        print(f"chat, cache off: {chat['slimspec_cache_off']}", flush=True)
     dec.set_prefix_cache_mb(DEFAULT_MB)  # a fresh cache ...
     slimspec_stream(base, template("Hello."), 4)  # ... that holds the system prompt
     hits0 = dec.stats.prefix_hit_tokens
@@ -302,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chat, cache on: {chat['slimspec_cache_on']}", flush=True)
     if not args.no_llamacpp and target_gguf is not None:
         binary = peers_bench.llamacpp_bin()
-        ctx = (args.system_tokens + 200 + args.turns * (args.max_new_tokens + 40)) * args.clients
+        ctx = (args.system_tokens + 400 + args.turns * (args.max_new_tokens + 60)) * args.clients
         llama = peers_bench.LlamaServer(
             binary, target_gguf, args.threads, ctx, "-np", str(args.clients)
         )
@@ -318,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             llama.stop()
 
-    on, off = chat["slimspec_cache_on"], chat["slimspec_cache_off"]
+    on = chat["slimspec_cache_on"]
     result: dict[str, Any] = {
+        "pair": pair.name,
         "machine": {
             "cpu": peers_bench.cpu_name(),
             "threads": args.threads,
@@ -333,11 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         "nothing_repeats": nothing_repeats,
         "repeated_prefix_one_client": repeated,
         "chat": chat,
-        "prefix_cache_ttft_gain": repeated["ttft_gain"],
-        "prefix_cache_no_repeat_ratio": nothing_repeats["ratio"],
-        "prefix_cache_chat_tok_s_gain": on["tok_s"] / off["tok_s"],
-        "prefix_cache_chat_ttft_gain": off["ttft_mean_s"] / on["ttft_mean_s"],
     }
+    if not args.chat_only:
+        result["prefix_cache_ttft_gain"] = repeated["ttft_gain"]
+        result["prefix_cache_no_repeat_ratio"] = nothing_repeats["ratio"]
+    if "slimspec_cache_off" in chat:
+        off = chat["slimspec_cache_off"]
+        result["prefix_cache_chat_tok_s_gain"] = on["tok_s"] / off["tok_s"]
+        result["prefix_cache_chat_ttft_gain"] = off["ttft_mean_s"] / on["ttft_mean_s"]
     if "llamacpp" in chat:
         result["prefix_cache_chat_vs_llamacpp_tok_s"] = on["tok_s"] / chat["llamacpp"]["tok_s"]
         result["prefix_cache_chat_vs_llamacpp_ttft"] = (
