@@ -31,13 +31,9 @@ def counted(kube_cluster: KubeCluster) -> Iterator[None]:
     """A FlowSchema for the operator's ServiceAccount, on the priority level the
     built-in service-accounts schema would give it."""
     account = {"name": "slimspec-operator", "namespace": OPERATOR_NS}
-    everything = {
-        "verbs": ["*"],
-        "apiGroups": ["*"],
-        "resources": ["*"],
-        "clusterScope": True,
-        "namespaces": ["*"],
-    }
+    anything = ["*"]
+    everything = dict(verbs=anything, apiGroups=anything, resources=anything)
+    everything |= {"clusterScope": True, "namespaces": anything}
     flow = {
         "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
         "kind": "FlowSchema",
