@@ -64,6 +64,7 @@ IO_MODULES = (
     "tuning.handlers",
     "tuning.prometheus.client",
     "tuning.prometheus.auth",
+    "tuning.prometheus.shared",
     "main",
     "metrics",
 )
