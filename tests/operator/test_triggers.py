@@ -13,6 +13,7 @@ from slimspec_operator.rollout.plan import (
     ObservedDeployment,
     Round,
     deployment_news,
+    follow_up,
     plan_rollout,
     timer_due,
 )
@@ -39,6 +40,9 @@ def test_the_timer_runs_a_round_only_when_one_is_due() -> None:
     assert timer_due(idle, at(1800), 1800)  # the drift resync
     assert not timer_due(idle, at(10**6), 0)  # resync off
     assert timer_due(Round(at(0), retry=True), at(1), 1800)  # failed or refused
+    # a rollout in progress (e.g. traffic switched, the old Deployment still to go):
+    # its next step follows from the round's own writes, which no watch reports
+    assert timer_due(Round(at(0), busy=True), at(10), 1800)
     waiting = Round(at(0), wake_at=at(60))
     assert not timer_due(waiting, at(59.9), 1800)
     assert timer_due(waiting, at(60), 1800)
@@ -69,6 +73,21 @@ def test_a_plan_waiting_for_readiness_wakes_at_its_deadline(
 def test_a_settled_plan_waits_for_nothing() -> None:
     observed = Observed((dep("aaa", "v1", ready=2),), "aaa", None, None, T0)
     assert plan_rollout(Desired("aaa", "v1", 2, 60), observed).wake_at is None
+
+
+def test_a_traffic_switch_asks_for_the_next_round_itself() -> None:
+    """The round that switches the Service to the new version leaves the old Deployment
+    for the next round, and no watched event starts it (the Service is not watched):
+    the timer must (the e2e rollout under load waited 30 min for the resync)."""
+    both_ready = (dep("aaa", "v1", ready=2), dep("bbb", "v2", ready=2))
+    switching = plan_rollout(
+        Desired("bbb", "v2", 2, 60), Observed(both_ready, "aaa", None, None, T0)
+    )
+    assert switching.progressing.reason == "TrafficSwitched" and follow_up(switching)
+    settled = Observed((dep("bbb", "v2", ready=2),), "bbb", None, None, T0)
+    assert not follow_up(plan_rollout(Desired("bbb", "v2", 2, 60), settled))
+    waiting = Observed((dep("aaa", "v1", ready=2), dep("bbb", "v2")), "aaa", None, None, T0)
+    assert not follow_up(plan_rollout(Desired("bbb", "v2", 2, 60), waiting))  # events do
 
 
 def test_only_deployment_changes_the_plan_reads_are_news() -> None:

@@ -47,7 +47,13 @@ from slimspec_operator.kube.client import ApiError, conflict_retries, shared
 from slimspec_operator.metrics import RECONCILE_SECONDS, RECONCILE_TOTAL
 from slimspec_operator.resource.spec import SlimSpecService, ratio_in_force
 from slimspec_operator.rollout.observe import observe_deployment
-from slimspec_operator.rollout.plan import ObservedDeployment, Round, deployment_news, timer_due
+from slimspec_operator.rollout.plan import (
+    ObservedDeployment,
+    Round,
+    deployment_news,
+    follow_up,
+    timer_due,
+)
 from slimspec_operator.rollout.reconcile import reconcile
 
 # How often the timer looks (in memory) whether a round is due; see timer_due.
@@ -140,7 +146,7 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
                     outcome = reconcile(kube, fresh, at, _event_sink(fresh, logger), HF_ENDPOINT)
                     plan = outcome.plan
                     wake = plan.wake_at if plan is not None else None
-                    _rounds[uid] = Round(at, wake, retry=outcome.refused)
+                    _rounds[uid] = Round(at, wake, outcome.refused, follow_up(plan))
                     failed = (fresh.get("status") or {}).get("failedTemplateHash")
                     _written_failed[uid] = plan.failed_hash if plan is not None else failed
                     _written_ratio[uid] = ratio_in_force(SlimSpecService.from_body(fresh))

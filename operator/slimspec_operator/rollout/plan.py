@@ -350,6 +350,15 @@ class Round:
     at: datetime  # when it ran
     wake_at: datetime | None = None  # its plan's deadline (Plan.wake_at)
     retry: bool = False  # it failed or was refused: the cluster may heal without an event
+    # The next step follows from this round's own write that no watch reports (the
+    # Service switched to the new version: the old Deployment goes next round).
+    busy: bool = False
+
+
+def follow_up(plan: Plan | None) -> bool:
+    """Whether the round's plan needs another round that no watched event will start:
+    it switched the Service (not watched), and the old version is removed next."""
+    return plan is not None and plan.progressing.reason == Reason.TRAFFIC_SWITCHED
 
 
 def timer_due(last: Round | None, now: datetime, resync_s: float) -> bool:
@@ -357,7 +366,7 @@ def timer_due(last: Round | None, now: datetime, resync_s: float) -> bool:
     passed, or a drift resync due (resync_s <= 0: never). Everything else is
     watch-driven (spec changes, owned Deployments and Jobs), so an idle resource
     costs no API request."""
-    if last is None or last.retry:
+    if last is None or last.retry or last.busy:
         return True
     if last.wake_at is not None and now >= last.wake_at:
         return True
