@@ -141,3 +141,23 @@ def test_kept_standard_error_and_material_change():
     assert not material_change({0.0: 2.0, 0.8: 2.1}, {0.0: 2.02, 0.8: 2.1}, 0.05)
     assert material_change({0.0: 2.0, 0.8: 2.1}, {0.0: 2.0, 0.8: 2.5}, 0.05)
     assert material_change({0.0: 2.0}, {0.0: 2.0, 0.8: 2.1}, 0.05)
+
+
+def test_the_rest_of_a_step_dilutes_what_a_cheaper_head_buys():
+    # The same bf16 profile, with a measured 60 ms per step that is neither draft
+    # nor verification (prefill, sampling, upkeep): the gain from 0.8 shrinks.
+    bare = StepCosts(8, 0.040, head_times(0.016), VERIFY)
+    diluted = StepCosts(8, 0.040, head_times(0.016), VERIFY, other_s=0.060)
+    p_bare = predict(bare, acceptance(KEPT), 8)
+    p_dil = predict(diluted, acceptance(KEPT), 8)
+    gain_bare = p_bare[0.8].tokens_per_s / p_bare[0.0].tokens_per_s
+    gain_dil = p_dil[0.8].tokens_per_s / p_dil[0.0].tokens_per_s
+    assert 1.0 < gain_dil < gain_bare
+    # the step pays it once, at its own k: step = bare step + other
+    for r in (0.0, 0.8):
+        assert p_dil[r].k == p_bare[r].k
+        assert p_dil[r].step_s == pytest.approx(p_bare[r].step_s + 0.060)
+        assert p_dil[r].other_share == pytest.approx(0.060 / p_dil[r].step_s)
+    assert p_bare[0.0].other_share == 0.0
+    # target-only steps pay it too: the speed-up is over the served baseline
+    assert target_only_rate(VERIFY, 8, 0.060) == pytest.approx(8 / (0.160 + 0.032 + 0.060))

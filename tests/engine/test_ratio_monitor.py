@@ -88,3 +88,30 @@ def test_metrics_export_the_report(tiny_llama_pair):
         ln for ln in text.splitlines() if ln.startswith("slimspec_head_ranking_age_seconds ")
     )
     assert float(age.split()[1]) >= 0
+
+
+def test_the_rest_of_a_step_is_a_running_estimate_per_batch_size():
+    m = RatioMonitor()
+    assert m.other_seconds(1) == 0.0  # nothing measured: the model adds nothing
+    for _ in range(40):
+        m.observe(1, 0.0, forward_s=0.013, head_s=0.001, accepted=[2], k=3, other_s=0.005)
+    m.observe(1, 0.0, forward_s=0.013, head_s=0.001, accepted=[2], k=3, other_s=-1e-4)
+    assert m.other_seconds(1) == pytest.approx(0.004, rel=0.01)  # negative jitter reads 0
+    assert m.other_seconds(6) == pytest.approx(0.004, rel=0.01)  # nearest measured batch size
+
+
+def test_decoder_measures_the_rest_of_a_step_and_predicts_with_it(tiny_llama_pair):
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.3, shadow_every=1)
+    dec.warmup()
+    for p in prompts(2, TINY_VOCAB, seed=11):
+        dec.generate(p, 40, stop_token_ids=[])
+    monitor = dec._compressed.monitor
+    rep = dec._compressed.refresh(dec._settings.snapshot())  # a report from the latest estimate
+    assert rep is not None and monitor.other
+    other = monitor.other_seconds(rep.rows)
+    assert other > 0.0  # a real step does more than draft and verify (sampling, upkeep)
+    # the report's predictions pay it: each point's step holds it, and its share is it
+    for p in rep.points.values():
+        assert p.other_share == pytest.approx(other / p.step_s)
+        assert 0.0 < p.other_share < 1.0

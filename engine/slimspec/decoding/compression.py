@@ -131,11 +131,12 @@ class CompressedHead:
         proposal: Proposal,
         accepted: Sequence[int],
         outputs: Sequence[StepOutput],
+        other_s: float | None = None,
     ) -> None:
         k = proposal.k
         forward = draft_forward_seconds(proposal.seconds, k, proposal.catch_up_s)
         head = proposal.head_s / k if proposal.head_s is not None and k > 0 else None
-        if self.monitor.observe(rows, s.ratio, forward, head, accepted, k):
+        if self.monitor.observe(rows, s.ratio, forward, head, accepted, k, other_s):
             self.refresh(s)
         self.traffic.observe([t for o in outputs for t in o.new_token_ids])
         cfg = self.heads.config(s.ratio)

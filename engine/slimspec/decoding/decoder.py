@@ -504,6 +504,7 @@ class SpeculativeDecoder(Engine):
     # ----------------------------------------------------------------- the step
     def step(self) -> list[StepOutput]:
         with self._step_lock, torch.inference_mode():
+            started = self._clock()  # the step's wall time includes admission and prefill
             self._compressed.before_step()
             try:
                 outputs = self._batch.admit(self.stats)
@@ -515,13 +516,13 @@ class SpeculativeDecoder(Engine):
                     ]
                 )
                 if self._batch.rows:
-                    outputs.extend(self._speculate())
+                    outputs.extend(self._speculate(started))
             finally:
                 self._batch.drop_riding()  # landed by _speculate unless the step failed
             return outputs
 
-    def _speculate(self) -> list[StepOutput]:
-        """One draft-verify-accept step for every active row."""
+    def _speculate(self, started: float) -> list[StepOutput]:
+        """One draft-verify-accept step for every active row (`started`: the step's start)."""
         batch, s = self._batch, self._settings.snapshot()
         rows, sampling = batch.rows, batch.sampling()
         k = self._choose_k(s)
@@ -561,7 +562,9 @@ class SpeculativeDecoder(Engine):
         outputs = batch.advance(outcomes, k, proposal.seconds, target_s, self.stats)
         accepted = [o.accepted for o in outcomes]
         served = [o for o in outputs if not o.request_id.startswith(WARMUP)]  # not traffic
-        self._compressed.after_step(n_rows, s, proposal, accepted, served)
+        # What the ratio model's draft + verification leave out: prefill, sampling, upkeep.
+        other_s = self._clock() - started - proposal.seconds - target_s
+        self._compressed.after_step(n_rows, s, proposal, accepted, served, other_s)
         return outputs
 
     def _choose_k(self, s: StepSettings) -> int:

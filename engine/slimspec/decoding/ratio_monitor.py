@@ -2,8 +2,9 @@
 
 Measured: the head's time per ratio (micro-timed at warm-up for a few batch sizes,
 then scaled by what the head at the ratio in force takes in service), the draft
-body's time per forward (a draft forward minus its head), the decoder-wide acceptance
-and, from the shadow check, the kept acceptance of every ratio. ratio_model.py turns
+body's time per forward (a draft forward minus its head), the rest of a step (its wall
+time minus the draft phase and the verification), the decoder-wide acceptance and,
+from the shadow check, the kept acceptance of every ratio. ratio_model.py turns
 these into the per-ratio predictions the server exports and the operator's tuner reads.
 """
 
@@ -124,6 +125,8 @@ class RatioMonitor:
         self.ratios = tuple(ratios)
         self.heads = HeadTimes()
         self.body: dict[int, float] = {}  # rows -> seconds per draft forward without head
+        # rows -> seconds per step that are neither draft nor verification (running EMA)
+        self.other: dict[int, float] = {}
         self.acceptance = AcceptanceEstimate(decay=0.98)
         self.report: RatioReport | None = None
         self.rows = 1
@@ -150,10 +153,12 @@ class RatioMonitor:
         head_s: float | None,
         accepted: Sequence[int],
         k: int,
+        other_s: float | None = None,
     ) -> bool:
         """One step: rows, the ratio in force, a draft forward's seconds and its head's
-        (None when not timed), each row's accepted drafts of k. True when a new report
-        is due."""
+        (None when not timed), each row's accepted drafts of k, and the step's seconds
+        that were neither draft nor verification (None when not measured). True when a
+        new report is due."""
         self.rows = rows
         if k > 0:
             for a in accepted:
@@ -165,6 +170,10 @@ class RatioMonitor:
             body = max(0.0, forward_s - head)
             old = self.body.get(rows)
             self.body[rows] = body if old is None else 0.8 * old + 0.2 * body
+        if other_s is not None:
+            other = max(0.0, other_s)  # clock jitter can make the difference negative
+            old = self.other.get(rows)
+            self.other[rows] = other if old is None else 0.8 * old + 0.2 * other
         self._steps += 1
         return self._steps % REPORT_EVERY == 0
 
@@ -173,6 +182,13 @@ class RatioMonitor:
             return None
         nearest = min(self.body, key=lambda n: (abs(n - rows), n))
         return self.body[nearest]
+
+    def other_seconds(self, rows: int) -> float:
+        """The measured rest of a step at the row count nearest `rows` (0 before any)."""
+        if not self.other:
+            return 0.0
+        nearest = min(self.other, key=lambda n: (abs(n - rows), n))
+        return self.other[nearest]
 
     def refresh(
         self,
@@ -200,7 +216,7 @@ class RatioMonitor:
         # the rows' acceptance is the ratio in force's: divide its kept share out
         alpha_full = self.acceptance.alpha / max(0.05, kept.get(ratio_in_force, 1.0))
         acc = Acceptance(alpha_full, kept, se)
-        costs = StepCosts(self.rows, body, heads, verify_line)
+        costs = StepCosts(self.rows, body, heads, verify_line, self.other_seconds(self.rows))
         points = predict(costs, acc, k_max, fixed_k)
         free = predict(costs, Acceptance(alpha_full, {}, dict.fromkeys(heads, 0.0)), k_max, fixed_k)
         self.report = RatioReport(
