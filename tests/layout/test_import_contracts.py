@@ -46,6 +46,7 @@ PURE = (
     "tuning.guards",
     "tuning.ratio_choice",
     "tuning.trials",
+    "tuning.verdict",
     "tuning.predictions",
     "tuning.status",
     "tuning.plan",

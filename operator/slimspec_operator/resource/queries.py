@@ -196,6 +196,26 @@ HEAD_RANKING_COVERAGE = QueryDef(
     grouped=f"min by ({BY}) (slimspec_head_ranking_coverage{{{GROUP_SELECTOR}}})",
 )
 
+# Cumulative totals, read at every tick: between two ticks their differences give the
+# exact mean latency per generated token (no bucket, no rate() extrapolation), the
+# measure a speed move's paired verdict judges on (tuning/verdict.py).
+LATENCY_SUM = QueryDef(
+    "latencySum",
+    f"sum(slimspec_request_latency_seconds_sum{{{SELECTOR}}})",
+    Need.TUNING,
+    Into.SAMPLE,
+    "latency_sum",
+    grouped=f"sum by ({BY}) (slimspec_request_latency_seconds_sum{{{GROUP_SELECTOR}}})",
+)
+GENERATED_TOKENS = QueryDef(
+    "generatedTokens",
+    f"sum(slimspec_generated_tokens_total{{{SELECTOR}}})",
+    Need.TUNING,
+    Into.SAMPLE,
+    "generated_tokens",
+    grouped=f"sum by ({BY}) (slimspec_generated_tokens_total{{{GROUP_SELECTOR}}})",
+)
+
 # In the CRD's order.
 QUERIES: tuple[QueryDef, ...] = (
     P99_LATENCY,
@@ -212,6 +232,8 @@ QUERIES: tuple[QueryDef, ...] = (
     COMPRESSION_CAN_HELP_REASON,
     HEAD_RANKING_AGE,
     HEAD_RANKING_COVERAGE,
+    LATENCY_SUM,
+    GENERATED_TOKENS,
 )
 BY_NAME: dict[str, QueryDef] = {q.name: q for q in QUERIES}
 # name -> built-in template (the chart's and the docs' tests render these).

@@ -14,7 +14,10 @@ slower. In this order:
 3. kept acceptance < threshold: lower fast, ignoring cooldown (quality guard);
 4. too little traffic, or settling after a replica change: hold;
 5. a change awaiting its verdict is judged once the cooldown has passed, and
-   kept or reverted on the p99 measured since (trials.py);
+   kept or reverted on the p99 measured since (trials.py), or, for a move made for
+   speed where the engines export the totals, on the exact mean latency per token
+   over alternated windows: new ratio, old ratio again, then the verdict
+   (verdict.py);
 6. cooldown: hold;
 7. the move itself (ratio_choice.py): toward the ratio the engines predict
    fastest, or, without predictions, one step tried and measured; down to the
@@ -102,7 +105,7 @@ def decide(
 
     sit = Situation(samples, ratio, s, now, changes, effect, rate, p99, kept, latest.predictions)
     trial = effect.trial
-    if trial is not None and abs(trial.to_ratio - ratio) < 1e-6:
+    if trial is not None and abs(trial.in_force - ratio) < 1e-6:
         return judge_trial(sit, trial, last_replica_change)
     if trial is not None:  # the ratio was set by someone else since: nothing to judge
         sit = replace(sit, effect=replace(effect, trial=None))

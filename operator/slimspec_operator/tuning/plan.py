@@ -282,10 +282,13 @@ def plan_ratio(
         # A revert is announced under its own reason, as a warning.
         event = Event("Normal", EventReason.COMPRESSION_CHANGED, msg)
         if d.verdict is not None:
-            event = Event("Warning", d.reason, msg)
+            # a paired trial's kept move is a change made on its verdict
+            event = Event("Normal" if d.verdict.keep else "Warning", d.reason, msg)
         write = RatioWrite(format_ratio(d.ratio), event)
     elif not d.changed and d.verdict is not None and not inp.dry_run:
-        events.append(Event("Normal", d.reason, d.verdict.message))
+        # a paired trial not kept is already back at its old ratio: no change to write
+        kind = "Warning" if not d.verdict.keep and d.verdict.trial.paired else "Normal"
+        events.append(Event(kind, d.reason, d.verdict.message))
     doc = compression_status(compression, ratio, d, sample, now, inp.dry_run)
     return RatioPlan(d, doc, write, tuple(events), effective, metrics)
 

@@ -12,7 +12,10 @@ direction, never an assumed one:
   samples after the cooldown say so.
 
 Every latency move is a trial that `judge_trial` keeps or reverts after the
-cooldown (trials.py).
+cooldown (trials.py). A move made for speed, where the engines export the totals
+for the exact mean per token, is a paired trial: measured at the new ratio, then
+back at the old one, and kept (moved again) only when the new ratio was faster by
+more than the margin (verdict.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from datetime import datetime
 
 from slimspec_operator.tuning import predictions as rp
 from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning import verdict as vd
 from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.trials import DOWN, UP, Basis, Outcome, Trial
 from slimspec_operator.tuning.types import (
@@ -29,6 +33,7 @@ from slimspec_operator.tuning.types import (
     Decision,
     Situation,
     move,
+    points,
     recent_p99,
     recent_raise_still_needed,
 )
@@ -39,6 +44,8 @@ _EPS = 1e-6
 def judge_trial(sit: Situation, trial: Trial, last_replica_change: datetime | None) -> Decision:
     """Keep or revert the change in trial, once the cooldown has passed and
     `confirmations` samples have been taken since."""
+    if trial.paired:
+        return _judge_paired(sit, trial, last_replica_change)
     s = sit.s
     since = (sit.now - trial.time).total_seconds()
     what = f"{trial.from_ratio:g} -> {trial.to_ratio:g}"
@@ -72,6 +79,51 @@ def judge_trial(sit: Situation, trial: Trial, last_replica_change: datetime | No
     back = min(max(back, s.min_ratio), s.max_ratio)
     decision = move(sit.ratio, back, REVERT_REASONS[v.outcome], v.message, effect)
     return replace(decision, verdict=v)
+
+
+def _judge_paired(sit: Situation, trial: Trial, last_replica_change: datetime | None) -> Decision:
+    """A paired trial, tick by tick: measure the new ratio's window, go back to the
+    old ratio and measure it again, then the verdict (trials.judge_paired). Each
+    window is as long as the one before the move: `confirmations` tick intervals
+    and at least `cooldown` seconds, from the first tick after the switch."""
+    s = sit.s
+    what = f"{trial.from_ratio:g} -> {trial.to_ratio:g}"
+    pts = points(sit.samples)
+    if trial.after is None:
+        after = vd.window(pts, trial.to_ratio, trial.time, s.confirmations, s.cooldown)
+        if after is None:
+            return sit.hold(Reason.HOLD_MEASURING, f"measuring {what}: at {trial.to_ratio:g}")
+        t = replace(trial, after=after, recheck_time=sit.now)
+        msg = (
+            f"measuring {what}: {after.mean * 1e3:.2f} ms/token at {trial.to_ratio:g}; "
+            f"back to {trial.from_ratio:g} to measure it again"
+        )
+        return move(sit.ratio, trial.from_ratio, Reason.RECHECK, msg, replace(sit.effect, trial=t))
+    again = vd.window(pts, trial.from_ratio, trial.recheck_time, s.confirmations, s.cooldown)
+    if again is None:
+        return sit.hold(Reason.HOLD_MEASURING, f"measuring {what}: at {trial.from_ratio:g} again")
+    changed = last_replica_change is not None and last_replica_change > trial.time
+    v = fx.judge_paired(
+        trial, again, sit.now, s.dead_band, s.tail_bands * s.dead_band, s.verdict_floor, changed
+    )
+    effect = sit.effect.learnt(v)
+    if v.keep:
+        decision = move(sit.ratio, trial.to_ratio, Reason.CONFIRMED, v.message, effect)
+        return replace(decision, verdict=v)
+    if v.outcome != Outcome.INCONCLUSIVE:
+        backoffs = fx.with_backoff(
+            effect.backoffs,
+            trial.from_ratio,
+            trial.direction,
+            sit.now,
+            v.outcome,
+            s.backoff_seconds,
+            s.backoff_max_factor,
+        )
+        effect = replace(effect, backoffs=backoffs)
+    # Already back at from_ratio: "not kept" is a hold there.
+    decision = sit.hold(REVERT_REASONS[v.outcome], v.message)
+    return replace(decision, effect=effect, verdict=v)
 
 
 def choose(sit: Situation) -> Decision:
@@ -171,9 +223,8 @@ def _toward_fastest(sit: Situation, pred: rp.Predictions) -> Decision:
         f"p99 {sit.p99:.3f}s > target {s.latency_target:g}s; {best:g} predicted "
         f"{top:.2f}x vs {here:.2f}x at {ratio:g}"
     )
-    if best > ratio:
-        return sit.trial(min(best, ratio + s.max_step), Reason.ABOVE_TARGET, msg, Basis.PREDICTED)
-    return sit.trial(max(best, ratio - sit.down_step), Reason.ABOVE_TARGET, msg, Basis.PREDICTED)
+    new = min(best, ratio + s.max_step) if best > ratio else max(best, ratio - sit.down_step)
+    return sit.trial(new, Reason.ABOVE_TARGET, msg, Basis.PREDICTED, paired=True)
 
 
 def _why_not_faster(sit: Situation, pred: rp.Predictions, here: float) -> Decision:
@@ -232,7 +283,7 @@ def _measured_step(sit: Situation) -> Decision:
             f"p99 {sit.p99:.3f}s > target {s.latency_target:g}s; no predictions: "
             f"trying {new:g} and measuring"
         )
-        return sit.trial(new, Reason.ABOVE_TARGET, msg, Basis.MEASURED)
+        return sit.trial(new, Reason.ABOVE_TARGET, msg, Basis.MEASURED, paired=True)
     reason = next(
         (r for r in (Reason.HOLD_BACKING_OFF, Reason.HOLD_QUALITY_UNKNOWN) if r in reasons),
         reasons[0],

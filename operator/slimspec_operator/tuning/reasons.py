@@ -27,6 +27,8 @@ class Reason(StrEnum):
     REVERTED_NO_GAIN = "RevertedNoGain"
     REVERTED_BREACH = "RevertedTargetBreached"
     REVERTED_UNCONFIRMED = "RevertedUnconfirmed"
+    # Back to the old ratio for a paired trial's second window (verdict.py).
+    RECHECK = "RecheckingPreviousRatio"
     # The ratio held.
     CONFIRMED = "ChangeConfirmed"
     HOLD_MEASURING = "MeasuringChange"

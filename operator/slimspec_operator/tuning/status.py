@@ -9,7 +9,9 @@ back, and builds the whole status.compression after a decision.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -21,6 +23,7 @@ from slimspec_operator.tuning import trials as fx
 from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.trials import BackOff, Basis, EffectMemory, Outcome, Trial, Verdict
 from slimspec_operator.tuning.types import Change, Decision, Sample, clean
+from slimspec_operator.tuning.verdict import Window
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -106,7 +109,54 @@ def _trial_doc(t: Trial) -> dict[str, Any]:
             "p99OriginSeconds": _num(t.p99_origin),
             "requestRateOrigin": _num(t.rate_origin),
         }
+    windows = [_window_doc("before", t.before), _window_doc("after", t.after)]
+    if any(windows):
+        doc["windows"] = [w for w in windows if w]
+    if t.recheck_time is not None:
+        doc["recheckTime"] = format_time(t.recheck_time)
     return doc
+
+
+def _window_doc(role: str, w: Window | None) -> dict[str, Any]:
+    if w is None:
+        return {}
+    return _compact(
+        {
+            "role": role,
+            "ratio": w.ratio,
+            "start": format_time(w.start),
+            "end": format_time(w.end),
+            "secondsPerToken": round(w.mean, 9),
+            "parts": [round(x, 9) for x in w.parts],
+            "p99Seconds": _num(w.p99),
+            "requestRate": _num(w.rate),
+        }
+    )
+
+
+def _windows(docs: Any) -> dict[str, Window]:
+    """A trial's windows by role; one this version cannot read is left out."""
+    out: dict[str, Window] = {}
+    for d in docs if isinstance(docs, list) else []:
+        if not isinstance(d, Mapping):
+            continue
+        ratio, mean = _float(d.get("ratio")), _float(d.get("secondsPerToken"))
+        start, end = parse(d.get("start")), parse(d.get("end"))
+        parts = [_float(x) for x in d.get("parts") or []]
+        if ratio is None or mean is None or start is None or end is None or not parts:
+            continue
+        if any(x is None for x in parts):
+            continue
+        out[str(d.get("role"))] = Window(
+            ratio,
+            start,
+            end,
+            mean,
+            tuple(x for x in parts if x is not None),
+            _float(d.get("p99Seconds")),
+            _float(d.get("requestRate")),
+        )
+    return out
 
 
 def _trial(doc: Any) -> Trial | None:
@@ -119,14 +169,24 @@ def _trial(doc: Any) -> Trial | None:
     basis = _enum(Basis, doc.get("basis", Basis.PREDICTED))
     if basis is None:
         return None
-    origin = [_float(doc.get(k)) for k in ("originRatio", "p99OriginSeconds", "requestRateOrigin")]
-    if None in origin:
-        return Trial(t, frm, to, basis, p99, rate)
-    return Trial(t, frm, to, basis, p99, rate, *origin)
+    o_ratio, o_p99, o_rate = (
+        _float(doc.get(k)) for k in ("originRatio", "p99OriginSeconds", "requestRateOrigin")
+    )
+    trial = Trial(t, frm, to, basis, p99, rate)
+    if o_ratio is not None and o_p99 is not None and o_rate is not None:
+        trial = replace(trial, origin_ratio=o_ratio, p99_origin=o_p99, rate_origin=o_rate)
+    windows = _windows(doc.get("windows"))
+    if "before" in windows:  # a paired trial; without its first window it is unjudgeable
+        recheck = parse(doc.get("recheckTime"))
+        after = windows.get("after")
+        if (after is None) != (recheck is None):
+            return None
+        trial = replace(trial, before=windows["before"], after=after, recheck_time=recheck)
+    return trial
 
 
 def _verdict_doc(v: Verdict) -> dict[str, Any]:
-    return _trial_doc(v.trial) | {
+    doc = _trial_doc(v.trial) | {
         "judgedTime": format_time(v.time),
         "outcome": v.outcome,
         "kept": v.keep,
@@ -134,6 +194,12 @@ def _verdict_doc(v: Verdict) -> dict[str, Any]:
         "requestRateAfter": _num(v.rate_after),
         "message": v.message,
     }
+    if v.again is not None:
+        doc["windows"] = [*doc.get("windows", []), _window_doc("again", v.again)]
+    if v.paired is not None:
+        doc["meanEffect"] = _num(v.paired.effect)
+        doc["meanMargin"] = _num(v.paired.margin) if math.isfinite(v.paired.margin) else None
+    return doc
 
 
 def _verdict(doc: Any) -> Verdict | None:
@@ -147,7 +213,9 @@ def _verdict(doc: Any) -> Verdict | None:
     outcome, keep = _enum(Outcome, doc.get("outcome")), bool(doc.get("kept", True))
     if outcome is None:
         return None
-    return Verdict(trial, when, outcome, keep, after, rate, str(doc.get("message", "")))
+    again = _windows(doc.get("windows")).get("again")
+    message = str(doc.get("message", ""))
+    return Verdict(trial, when, outcome, keep, after, rate, message, again=again)
 
 
 def _backoff_doc(b: BackOff) -> dict[str, Any]:

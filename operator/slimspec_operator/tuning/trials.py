@@ -8,6 +8,11 @@ before it are recorded, and once the cooldown has passed `judge` compares them
 with the samples taken since. A change that made latency worse is reverted and
 the same move is backed off (`BackOff`), for longer each time it fails again.
 
+Where the engines export the counters for it, a move made to speed the service up
+is judged instead on the exact mean latency per generated token over alternated
+windows (verdict.py): the trial then also goes back to the old ratio for a second
+window before its verdict (`Trial.before`, `after`, `recheck_time`; `judge_paired`).
+
 Everything here is plain data and arithmetic; guards.decide calls it and the
 status documents carry it between ticks (status.py).
 """
@@ -18,6 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum, unique
+
+from slimspec_operator.tuning import verdict as vd
+from slimspec_operator.tuning.verdict import Paired, Window
 
 UP, DOWN = 1, -1
 
@@ -67,10 +75,25 @@ class Trial:
     origin_ratio: float | None = None  # None: this change starts its chain
     p99_origin: float | None = None
     rate_origin: float | None = None
+    # A paired trial (verdict.py): the window at from_ratio before the move, the one
+    # at to_ratio after it, and when the ratio went back to from_ratio to measure it
+    # again. None for a trial judged on p99 alone.
+    before: Window | None = None
+    after: Window | None = None
+    recheck_time: datetime | None = None
 
     @property
     def direction(self) -> int:
         return UP if self.to_ratio > self.from_ratio else DOWN
+
+    @property
+    def paired(self) -> bool:
+        return self.before is not None
+
+    @property
+    def in_force(self) -> float:
+        """The ratio this trial has set now (back at from_ratio while rechecking)."""
+        return self.from_ratio if self.recheck_time is not None else self.to_ratio
 
     @property
     def origin(self) -> tuple[float, float, float]:
@@ -98,6 +121,8 @@ class Verdict:
     rate_after: float
     message: str
     revert_to: float | None = None  # the ratio to go back to when not kept
+    again: Window | None = None  # a paired trial's second window at from_ratio
+    paired: Paired | None = None  # and its comparison
 
 
 @dataclass(frozen=True)
@@ -212,6 +237,54 @@ def judge(
     )
     return Verdict(
         trial, now, outcome, keep, after, rate_after, message, None if keep else revert_to
+    )
+
+
+_OUTCOMES = {
+    vd.BETTER: Outcome.IMPROVED,
+    vd.WORSE: Outcome.WORSE,
+    vd.HELD: Outcome.NEUTRAL,
+    vd.WITH_LOAD: Outcome.INCONCLUSIVE,
+}
+
+
+def judge_paired(
+    trial: Trial,
+    again: Window,
+    now: datetime,
+    load_band: float,
+    tail_band: float,
+    floor: float = vd.DEFAULT_FLOOR,
+    replicas_changed: bool = False,
+) -> Verdict:
+    """Keep a paired trial only when its ratio was faster by more than the margin
+    (verdict.rule), with the second window at the old ratio in hand. The ratio is
+    then back at from_ratio, so "not kept" (worse, held, inconclusive) leaves it
+    there; kept moves it to to_ratio again."""
+    assert trial.before is not None and trial.after is not None
+    p = vd.compare(trial.before, trial.after, again, floor)
+    what, why = vd.rule(p, load_band, tail_band)
+    outcome = _OUTCOMES[what]
+    if replicas_changed:
+        outcome, why = Outcome.INCONCLUSIVE, "the replica count changed during the trial"
+    keep = outcome == Outcome.IMPROVED
+    ms = 1e3
+    message = (
+        f"{trial.from_ratio:g} -> {trial.to_ratio:g}: {trial.after.mean * ms:.2f} ms/token "
+        f"against {trial.before.mean * ms:.2f} and {again.mean * ms:.2f} at "
+        f"{trial.from_ratio:g} before and after: {why}"
+    )
+    return Verdict(
+        trial,
+        now,
+        outcome,
+        keep,
+        trial.after.p99 if trial.after.p99 is not None else trial.p99_before,
+        trial.after.rate if trial.after.rate is not None else trial.rate_before,
+        message,
+        None if keep else trial.from_ratio,
+        again,
+        p,
     )
 
 

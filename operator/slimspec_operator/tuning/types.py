@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from slimspec_operator.contract import DEFAULT_QUALITY_THRESHOLD
 from slimspec_operator.tuning import trials as fx
+from slimspec_operator.tuning import verdict as vd
 from slimspec_operator.tuning.predictions import Predictions
 from slimspec_operator.tuning.prometheus.errors import PromReason
 from slimspec_operator.tuning.reasons import Reason
@@ -45,6 +46,10 @@ class Sample:
     mean_accepted_length: float | None = None
     fallback_rate: float | None = None
     queue_depth: float | None = None
+    # Cumulative totals over the pods (latency histogram's _sum, generated tokens):
+    # the exact mean latency per token between two samples (verdict.py).
+    latency_sum: float | None = None
+    generated_tokens: float | None = None
     # The engines' per-ratio predictions; None when they export none.
     predictions: Predictions | None = None
     # Set when Prometheus could not be asked at all (unreachable, timeout,
@@ -92,6 +97,11 @@ class TunerSettings:
     # `backoff_max_factor` times that.
     backoff_cooldowns: float = 10.0
     backoff_max_factor: float = 8.0
+    # A paired verdict (verdict.py) trusts no effect on the mean per token smaller
+    # than this (relative), whatever its windows' spread; p99 may rise by at most
+    # `tail_bands` dead bands under a move kept on the mean (bucket steps are 10-20 %).
+    verdict_floor: float = vd.DEFAULT_FLOOR
+    tail_bands: float = 2.0
 
     @property
     def backoff_seconds(self) -> float:
@@ -180,12 +190,36 @@ class Situation:
     def hold(self, reason: str, message: str) -> Decision:
         return hold(self.ratio, reason, message, self.effect)
 
-    def trial(self, new: float, reason: str, message: str, basis: Basis) -> Decision:
+    def trial(
+        self, new: float, reason: str, message: str, basis: Basis, paired: bool = False
+    ) -> Decision:
         """A move to be judged after the cooldown; it continues the chain of the
-        last kept step when that went the same way, from here, just before."""
+        last kept step when that went the same way, from here, just before.
+
+        `paired` (a move made for speed): where the samples carry the totals for the
+        exact mean per token, the trial is judged on alternated windows (verdict.py),
+        and the move waits until the window before it is complete."""
+        before = None
+        if paired and self.samples and self.samples[-1].latency_sum is not None:
+            last_change = self.changes[-1].time if self.changes else None
+            before = vd.window(
+                points(self.samples),
+                self.ratio,
+                last_change,
+                self.s.confirmations,
+                self.s.cooldown,
+                latest=True,
+            )
+            if before is None:
+                return self.hold(
+                    Reason.HOLD_MEASURING,
+                    f"measuring {self.ratio:g} before moving to {round_ratio(new):g}: "
+                    f"{self.s.confirmations} intervals over {self.s.cooldown:g}s since the "
+                    "last change",
+                )
         recent = recent_p99(self.samples, self.s.confirmations) or [self.p99]
-        before, to = sum(recent) / len(recent), round_ratio(new)
-        t = Trial(self.now, self.ratio, to, basis, before, self.rate)
+        p99_before, to = sum(recent) / len(recent), round_ratio(new)
+        t = Trial(self.now, self.ratio, to, basis, p99_before, self.rate)
         last = self.effect.last
         if (
             last is not None
@@ -195,8 +229,27 @@ class Situation:
             and abs(last.trial.to_ratio - self.ratio) < 1e-6
             and (self.now - last.time).total_seconds() <= 2 * max(self.s.cooldown, 1.0)
         ):
-            t = last.trial.next(self.now, to, before, self.rate)
+            t = last.trial.next(self.now, to, p99_before, self.rate)
+        if before is not None:
+            t = replace(t, before=before)
         return move(self.ratio, new, reason, message, replace(self.effect, trial=t))
+
+
+def points(samples: Sequence[Sample]) -> list[vd.Point]:
+    """Samples as the windows read them (a failed one carries no totals)."""
+    out = []
+    for x in samples:
+        ok = x.error is None
+        out.append(
+            vd.Point(
+                x.time,
+                clean(x.latency_sum) if ok else None,
+                clean(x.generated_tokens) if ok else None,
+                clean(x.p99_latency) if ok else None,
+                clean(x.request_rate) if ok else None,
+            )
+        )
+    return out
 
 
 def recent_p99(samples: Sequence[Sample], count: int) -> list[float]:

@@ -1,0 +1,140 @@
+"""Paired trials in closed loop (guards.decide, ratio_choice._judge_paired): samples
+that carry the totals for the exact mean per token make a speed move a trial of
+alternated windows; a ratio that changes nothing (the A/A case: the target-only
+engine, or noise alone) gives held verdicts and no kept move, one that helps is
+kept. Pure: decide() once a minute, as the timer would."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from slimspec_operator.tuning.guards import decide
+from slimspec_operator.tuning.reasons import Reason
+from slimspec_operator.tuning.status import compression_status, effect_from_status
+from slimspec_operator.tuning.trials import EffectMemory, Outcome, Verdict
+from slimspec_operator.tuning.types import Change, Decision, Sample, TunerSettings
+
+from .plant import Kind, Plant
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+S = TunerSettings(latency_target=0.4, cooldown=120, max_step=0.05, min_ratio=0.1, max_ratio=0.5)
+TOKENS = 600.0  # generated a minute at load 1
+SURGE = 1.6  # p99 over the target at any ratio of the neutral plant
+HELPS = Plant("helps", base=0.8, slope=1.0)  # p99 0.8 x (1 - ratio): over 0.4 below 0.5
+
+
+@dataclass
+class Run:
+    ratios: list[float] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+
+    def kept_moves(self) -> list[Change]:
+        return [c for c in self.changes if c.reason == Reason.CONFIRMED]
+
+
+def simulate(
+    plant: Plant,
+    minutes: int,
+    noise: float,
+    seed: int,
+    claims: Kind | None = None,
+    load: float = SURGE,
+    start: float = 0.3,
+    through_status: bool = False,
+) -> Run:
+    """Each minute: the plant at the ratio in force gives that minute's mean per token
+    (x (1 + noise x N(0, 1))) and p99; the totals grow by it; then decide.
+    `through_status`: the tuner's memory goes through status.compression each tick,
+    as it does between ticks of the operator."""
+    rng = random.Random(seed)
+    ratio, samples, effect, run = start, [], EffectMemory(), Run()
+    lat, tok = 0.0, 0.0
+    status: dict = {}
+    for i in range(minutes):
+        now = T0 + timedelta(seconds=60 * i)
+        if i:
+            per_token = plant.p99(ratio, load) / 40 * (1.0 + noise * rng.gauss(0.0, 1.0))
+            tok += TOKENS * load
+            lat += TOKENS * load * per_token
+        p99 = plant.p99(ratio, load) * (1.0 + noise * rng.gauss(0.0, 1.0))
+        sample = Sample(
+            now, p99, 5.0 * load, 0.99, predictions=plant.predictions(claims),
+            latency_sum=lat, generated_tokens=tok,
+        )  # fmt: skip
+        samples = [*samples, sample][-10:]
+        run.ratios.append(ratio)
+        if through_status:
+            effect = effect_from_status(status)
+        d = decide(samples, ratio, S, now, run.changes, None, effect)
+        run.decisions.append(d)
+        if through_status:
+            status = compression_status(status, ratio, d, sample, now, dry_run=False)
+        effect = d.effect
+        if d.verdict is not None:
+            run.verdicts.append(d.verdict)
+        if d.changed:
+            run.changes.append(Change(now, ratio, d.ratio, d.reason, 5.0 * load))
+            ratio = d.ratio
+    return run
+
+
+def test_a_a_noise_only_moves_at_the_documented_rate() -> None:
+    # The ratio changes nothing (the target-only engine's case) while the engines
+    # claim a larger one is faster and p99 stays over target: the tuner keeps
+    # trying; docs/tuning.md: about 2 % of such trials kept (a false move), and
+    # about 2 in 100 twenty-minute runs at the defaults with one.
+    trials = kept = 0
+    for seed in range(40):
+        run = simulate(Plant("neutral"), 240, noise=0.03, seed=seed, claims="helps")
+        assert run.verdicts and all(v.trial.paired for v in run.verdicts)
+        # each trial went to the new ratio and back; a kept one moved once more
+        assert {c.reason for c in run.changes} <= {
+            Reason.ABOVE_TARGET,
+            Reason.RECHECK,
+            Reason.CONFIRMED,
+        }
+        trials += len(run.verdicts)
+        kept += len(run.kept_moves())
+    assert trials >= 150 and kept / trials <= 0.03
+    moved = sum(
+        bool(simulate(Plant("neutral"), 20, noise=0.03, seed=s, claims="helps").kept_moves())
+        for s in range(100)
+    )
+    assert moved <= 3
+
+
+def test_a_a_without_noise_makes_no_move() -> None:
+    # The same with the latency exactly the same at both ratios: every verdict held.
+    run = simulate(Plant("neutral"), 240, noise=0.0, seed=0, claims="helps")
+    assert run.verdicts and {v.outcome for v in run.verdicts} == {Outcome.NEUTRAL}
+    assert run.kept_moves() == [] and run.ratios[-1] == 0.3
+
+
+def test_a_ratio_that_helps_is_kept() -> None:
+    # each 0.05 step 6-10 % faster, p99 over target up to 0.5: seen through 1 % noise,
+    # kept, and the next one tried
+    run = simulate(HELPS, 120, noise=0.01, seed=1, load=1.0)
+    kept = run.kept_moves()
+    assert kept and all(c.to_ratio > c.from_ratio for c in kept)
+    assert run.ratios[-1] > 0.3
+    assert all(v.outcome == Outcome.IMPROVED for v in run.verdicts if v.keep)
+
+
+def test_a_ratio_that_hurts_is_left() -> None:
+    run = simulate(Plant("hurts", slope=2.0), 120, noise=0.01, seed=2, claims="helps")
+    assert run.kept_moves() == []
+    assert Outcome.WORSE in {v.outcome for v in run.verdicts}
+    assert max(run.ratios[-30:]) == 0.3  # back where it was, backed off
+
+
+def test_a_paired_trial_survives_the_trip_through_status() -> None:
+    plain = simulate(HELPS, 60, noise=0.01, seed=4, load=1.0)
+    stored = simulate(HELPS, 60, noise=0.01, seed=4, load=1.0, through_status=True)
+    assert [c.to_ratio for c in stored.changes] == [c.to_ratio for c in plain.changes]
+    assert [d.reason for d in stored.decisions] == [d.reason for d in plain.decisions]
+    last = stored.verdicts[-1]
+    assert last.again is not None and last.paired is not None
