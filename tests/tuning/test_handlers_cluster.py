@@ -8,6 +8,7 @@ the scale subresource, Events, a Prometheus scraping a real exporter.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,7 +20,10 @@ from slimspec_operator.resource.queries import DEFAULT_QUERIES
 from slimspec_operator.tuning.prometheus.errors import PromReason
 from slimspec_operator.tuning.prometheus.queries import rate_window, render_query
 from slimspec_operator.tuning.reasons import Reason
+from slimspec_operator.tuning.status import effect_from_status, effect_status
 from slimspec_operator.tuning.tick import Memory, tick
+from slimspec_operator.tuning.trials import Basis, EffectMemory, Trial, judge_paired
+from slimspec_operator.tuning.verdict import Window
 from slimspec_testbed.scenarios.resources import controlled_by, service_manifest
 from slimspec_testbed.tools import free_port
 
@@ -536,3 +540,34 @@ async def test_a_tick_planned_from_a_stale_read_does_not_undo_a_status_edit(
     assert status["compression"]["lastDecision"]["reason"] == PromReason.UNREACHABLE
     assert svc.condition()["reason"] == PromReason.UNREACHABLE
     assert svc.configmap_ratio() == "0.3"  # held: nothing else was written
+
+
+async def test_a_paired_trial_and_its_verdict_survive_the_crds_schema(
+    api: client.ApiClient, namespace: str, slimspec_crd: str
+) -> None:
+    """A paired trial's windows and a paired verdict's effect and margin are in the
+    CRD's status schema: the API server keeps every field (a structural schema
+    prunes unknown ones silently), and the tuner reads the trial back whole."""
+    svc = Svc(api, namespace)
+    svc.create(**tuning(f"http://127.0.0.1:{free_port()}"))
+
+    def window(ratio: float, start: float, parts: tuple[float, float]) -> Window:
+        return Window(ratio, at(start), at(start + 60), sum(parts) / 2, parts, 3.5, 1.0)
+
+    before = window(0.3, -60, (0.079, 0.081))
+    after = window(0.35, 60, (0.071, 0.073))
+    again = window(0.3, 180, (0.08, 0.082))
+    trial = Trial(at(0), 0.3, 0.35, Basis.PREDICTED, 3.5, 1.0, before=before)
+    trial = replace(trial, after=after, recheck_time=at(120))
+    last = judge_paired(trial, again, at(240), 0.1, 0.2)
+    docs = effect_status(EffectMemory(trial=trial, last=last))
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, SVC, {"status": {"compression": {"ratio": 0.3, **docs}}}
+    )
+    stored = svc.get()["status"]["compression"]
+    assert stored["trial"] == docs["trial"] and stored["lastTrial"] == docs["lastTrial"]
+    assert {w["role"] for w in stored["lastTrial"]["windows"]} == {"before", "after", "again"}
+    assert stored["lastTrial"]["kept"] is True and stored["lastTrial"]["meanEffect"] < 0
+    read = effect_from_status(stored)
+    assert read.trial is not None and read.trial.before == before and read.trial.after == after
+    assert read.last is not None and read.last.again == again

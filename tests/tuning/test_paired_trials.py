@@ -45,6 +45,7 @@ def simulate(
     load: float = SURGE,
     start: float = 0.3,
     through_status: bool = False,
+    tokens: bool = True,
 ) -> Run:
     """Each minute: the plant at the ratio in force gives that minute's mean per token
     (x (1 + noise x N(0, 1))) and p99; the totals grow by it; then decide.
@@ -63,7 +64,7 @@ def simulate(
         p99 = plant.p99(ratio, load) * (1.0 + noise * rng.gauss(0.0, 1.0))
         sample = Sample(
             now, p99, 5.0 * load, 0.99, predictions=plant.predictions(claims),
-            latency_sum=lat, generated_tokens=tok,
+            latency_sum=lat, generated_tokens=tok if tokens else None,
         )  # fmt: skip
         samples = [*samples, sample][-10:]
         run.ratios.append(ratio)
@@ -138,3 +139,11 @@ def test_a_paired_trial_survives_the_trip_through_status() -> None:
     assert [d.reason for d in stored.decisions] == [d.reason for d in plain.decisions]
     last = stored.verdicts[-1]
     assert last.again is not None and last.paired is not None
+
+
+def test_without_both_totals_a_move_is_judged_on_p99() -> None:
+    # an exporter with the latency histogram but no token counter: no exact mean per
+    # token, so the trial is the p99 one, as before
+    run = simulate(HELPS, 30, noise=0.01, seed=5, load=1.0, tokens=False)
+    assert run.changes and run.changes[0].reason == Reason.ABOVE_TARGET
+    assert run.verdicts and not any(v.trial.paired for v in run.verdicts)

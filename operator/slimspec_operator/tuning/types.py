@@ -200,10 +200,11 @@ class Situation:
         exact mean per token, the trial is judged on alternated windows (verdict.py),
         and the move waits until the window before it is complete."""
         before = None
-        if paired and self.samples and self.samples[-1].latency_sum is not None:
+        pts = points(self.samples)
+        if paired and pts and pts[-1].usable:  # both totals read: the exact mean exists
             last_change = self.changes[-1].time if self.changes else None
             before = vd.window(
-                points(self.samples),
+                pts,
                 self.ratio,
                 last_change,
                 self.s.confirmations,
