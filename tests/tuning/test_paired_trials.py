@@ -46,6 +46,7 @@ def simulate(
     start: float = 0.3,
     through_status: bool = False,
     tokens: bool = True,
+    stall_after: int | None = None,
 ) -> Run:
     """Each minute: the plant at the ratio in force gives that minute's mean per token
     (x (1 + noise x N(0, 1))) and p99; the totals grow by it; then decide.
@@ -57,7 +58,7 @@ def simulate(
     status: dict = {}
     for i in range(minutes):
         now = T0 + timedelta(seconds=60 * i)
-        if i:
+        if i and (stall_after is None or i <= stall_after):
             per_token = plant.p99(ratio, load) / 40 * (1.0 + noise * rng.gauss(0.0, 1.0))
             tok += TOKENS * load
             lat += TOKENS * load * per_token
@@ -147,3 +148,15 @@ def test_without_both_totals_a_move_is_judged_on_p99() -> None:
     run = simulate(HELPS, 30, noise=0.01, seed=5, load=1.0, tokens=False)
     assert run.changes and run.changes[0].reason == Reason.ABOVE_TARGET
     assert run.verdicts and not any(v.trial.paired for v in run.verdicts)
+
+
+def test_a_window_that_never_comes_ends_the_trial_unjudged() -> None:
+    # the tokens stop right after the move (an exporter gone quiet): no window at the
+    # new ratio completes; after 10 cooldowns the trial ends, back at the old ratio
+    run = simulate(HELPS, 40, noise=0.01, seed=6, load=1.0, stall_after=3)
+    move = run.changes[0]
+    assert (move.from_ratio, move.to_ratio) == (0.3, 0.35)
+    back = run.changes[1]
+    assert back.reason == Reason.REVERTED_UNCONFIRMED and back.to_ratio == 0.3
+    assert (back.time - move.time).total_seconds() > 10 * S.cooldown
+    assert run.verdicts[0].outcome == Outcome.INCONCLUSIVE and not run.verdicts[0].keep

@@ -32,7 +32,8 @@ from slimspec_operator.tuning.status import (
 from slimspec_operator.tuning.status import parse as _time
 from slimspec_operator.tuning.types import Decision, Sample, TunerSettings
 
-SAMPLES_KEPT = 10
+# Enough for a paired trial's window (cooldown / interval parts) at short intervals.
+SAMPLES_KEPT = 64
 TIMER_JITTER_SECONDS = 0.5
 
 

@@ -92,7 +92,9 @@ def _judge_paired(sit: Situation, trial: Trial, last_replica_change: datetime | 
     if trial.after is None:
         after = vd.window(pts, trial.to_ratio, trial.time, s.confirmations, s.cooldown)
         if after is None:
-            return sit.hold(Reason.HOLD_MEASURING, f"measuring {what}: at {trial.to_ratio:g}")
+            return _window_overdue(sit, trial) or sit.hold(
+                Reason.HOLD_MEASURING, f"measuring {what}: at {trial.to_ratio:g}"
+            )
         t = replace(trial, after=after, recheck_time=sit.now)
         msg = (
             f"measuring {what}: {after.mean * 1e3:.2f} ms/token at {trial.to_ratio:g}; "
@@ -101,7 +103,9 @@ def _judge_paired(sit: Situation, trial: Trial, last_replica_change: datetime | 
         return move(sit.ratio, trial.from_ratio, Reason.RECHECK, msg, replace(sit.effect, trial=t))
     again = vd.window(pts, trial.from_ratio, trial.recheck_time, s.confirmations, s.cooldown)
     if again is None:
-        return sit.hold(Reason.HOLD_MEASURING, f"measuring {what}: at {trial.from_ratio:g} again")
+        return _window_overdue(sit, trial) or sit.hold(
+            Reason.HOLD_MEASURING, f"measuring {what}: at {trial.from_ratio:g} again"
+        )
     changed = last_replica_change is not None and last_replica_change > trial.time
     v = fx.judge_paired(
         trial, again, sit.now, s.dead_band, s.tail_bands * s.dead_band, s.verdict_floor, changed
@@ -124,6 +128,22 @@ def _judge_paired(sit: Situation, trial: Trial, last_replica_change: datetime | 
     # Already back at from_ratio: "not kept" is a hold there.
     decision = sit.hold(REVERT_REASONS[v.outcome], v.message)
     return replace(decision, effect=effect, verdict=v)
+
+
+def _window_overdue(sit: Situation, trial: Trial) -> Decision | None:
+    """A window that has not come together in 10 cooldowns (samples gone, no tokens,
+    a cooldown longer than the samples kept) will not: the trial ends unjudged, back
+    at the old ratio, not backed off."""
+    started = trial.recheck_time or trial.time
+    waited = (sit.now - started).total_seconds()
+    if waited <= sit.s.backoff_seconds:
+        return None
+    v = fx.unjudged(trial, sit.now, sit.rate, f"no complete window in {waited:.0f}s")
+    effect = sit.effect.learnt(v)
+    reason = REVERT_REASONS[Outcome.INCONCLUSIVE]
+    if trial.after is None:  # still at the new ratio
+        return replace(move(sit.ratio, trial.from_ratio, reason, v.message, effect), verdict=v)
+    return replace(sit.hold(reason, v.message), effect=effect, verdict=v)
 
 
 def choose(sit: Situation) -> Decision:

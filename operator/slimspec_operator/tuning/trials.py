@@ -288,6 +288,14 @@ def judge_paired(
     )
 
 
+def unjudged(trial: Trial, now: datetime, rate: float, why: str) -> Verdict:
+    """A paired trial ended without its windows: inconclusive, not kept."""
+    message = f"{trial.from_ratio:g} -> {trial.to_ratio:g}: {why}"
+    return Verdict(
+        trial, now, Outcome.INCONCLUSIVE, False, trial.p99_before, rate, message, trial.from_ratio
+    )
+
+
 def blocked(
     backoffs: Sequence[BackOff], ratio: float, direction: int, now: datetime
 ) -> BackOff | None:
