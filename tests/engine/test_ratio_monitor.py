@@ -4,11 +4,13 @@ ratios) and their export (server/compression_metrics.py)."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from slimspec import SpeculativeDecoder
 from slimspec.decoding.quality import RATIO_LADDER, RatioKept
 from slimspec.decoding.ratio_monitor import HeadTimes, RatioMonitor, describe
+from slimspec.decoding.types import GenerationRequest, SamplingParams
 from slimspec.server.metrics import Metrics
 
 from tests.engine.helpers import prompts
@@ -115,3 +117,33 @@ def test_decoder_measures_the_rest_of_a_step_and_predicts_with_it(tiny_llama_pai
     for p in rep.points.values():
         assert p.other_share == pytest.approx(other / p.step_s)
         assert 0.0 < p.other_share < 1.0
+
+
+def test_the_time_between_steps_while_rows_decode_is_part_of_a_step(tiny_llama_pair, monkeypatch):
+    # Serving, the scheduler delivers tokens and updates metrics between two steps:
+    # time the served rate pays per step, so the rest of a step includes it. Idle
+    # time with nothing decoding does not count.
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.3)
+    dec.warmup()
+    gaps: list[float] = []
+    real = dec._speculate
+
+    def spy(started: float, gap: float):
+        gaps.append(gap)
+        return real(started, gap)
+
+    monkeypatch.setattr(dec, "_speculate", spy)
+    prompt = prompts(1, TINY_VOCAB, seed=13)[0]
+    dec.add_request(GenerationRequest("a", prompt, 40, SamplingParams(), frozenset()))
+    dec.step()
+    time.sleep(0.05)
+    dec.step()
+    assert gaps[0] == 0.0 and gaps[1] >= 0.05
+    while dec.has_work():
+        dec.step()
+    gaps.clear()
+    time.sleep(0.05)
+    dec.add_request(GenerationRequest("b", prompt, 40, SamplingParams(), frozenset()))
+    dec.step()
+    assert gaps == [0.0]

@@ -279,6 +279,9 @@ class SpeculativeDecoder(Engine):
         )
 
         self._step_lock = threading.Lock()
+        # When the last step ended with rows still decoding: the time until the next
+        # step (the server's delivery, metrics, admission) is part of a served step.
+        self._step_end: float | None = None
         self._prefix_block_tokens = prefix_block_tokens
         self.set_prefix_cache_mb(resolve_mb(prefix_cache_mb, os.environ))
 
@@ -505,6 +508,7 @@ class SpeculativeDecoder(Engine):
     def step(self) -> list[StepOutput]:
         with self._step_lock, torch.inference_mode():
             started = self._clock()  # the step's wall time includes admission and prefill
+            gap = 0.0 if self._step_end is None else started - self._step_end
             self._compressed.before_step()
             try:
                 outputs = self._batch.admit(self.stats)
@@ -516,13 +520,15 @@ class SpeculativeDecoder(Engine):
                     ]
                 )
                 if self._batch.rows:
-                    outputs.extend(self._speculate(started))
+                    outputs.extend(self._speculate(started, gap))
             finally:
                 self._batch.drop_riding()  # landed by _speculate unless the step failed
+                self._step_end = time.perf_counter() if self._batch.rows else None
             return outputs
 
-    def _speculate(self, started: float) -> list[StepOutput]:
-        """One draft-verify-accept step for every active row (`started`: the step's start)."""
+    def _speculate(self, started: float, gap: float) -> list[StepOutput]:
+        """One draft-verify-accept step for every active row (`started`: the step's start,
+        `gap`: the time since the last step while rows were decoding)."""
         batch, s = self._batch, self._settings.snapshot()
         rows, sampling = batch.rows, batch.sampling()
         k = self._choose_k(s)
@@ -562,8 +568,10 @@ class SpeculativeDecoder(Engine):
         outputs = batch.advance(outcomes, k, proposal.seconds, target_s, self.stats)
         accepted = [o.accepted for o in outcomes]
         served = [o for o in outputs if not o.request_id.startswith(WARMUP)]  # not traffic
-        # What the ratio model's draft + verification leave out: prefill, sampling, upkeep.
-        other_s = self._clock() - started - proposal.seconds - target_s
+        # What the ratio model's draft + verification leave out: prefill, sampling, upkeep,
+        # and the server's work between two steps (a gap longer than a step is a pause).
+        wall = self._clock() - started
+        other_s = wall + min(max(0.0, gap), wall) - proposal.seconds - target_s
         self._compressed.after_step(n_rows, s, proposal, accepted, served, other_s)
         return outputs
 
