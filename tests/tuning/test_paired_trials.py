@@ -10,7 +10,10 @@ import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from slimspec_operator.resource.spec import TuningView
 from slimspec_operator.tuning.guards import decide
+from slimspec_operator.tuning.plan import TickInput, TickMemory, plan_tick
+from slimspec_operator.tuning.predictions import Predictions
 from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.status import compression_status, effect_from_status
 from slimspec_operator.tuning.trials import EffectMemory, Outcome, Verdict
@@ -160,3 +163,49 @@ def test_a_window_that_never_comes_ends_the_trial_unjudged() -> None:
     assert back.reason == Reason.REVERTED_UNCONFIRMED and back.to_ratio == 0.3
     assert (back.time - move.time).total_seconds() > 10 * S.cooldown
     assert run.verdicts[0].outcome == Outcome.INCONCLUSIVE and not run.verdicts[0].keep
+
+
+def plan_run(faster_at_new: float, ticks: int = 14) -> list[tuple[str, str, str]]:
+    """Whole ticks (plan_tick) every 10 s, cooldown 20 s: what each tick wrote to the
+    ConfigMap and the Events it posted, as (ConfigMap text or "", kind, reason)."""
+    v = TuningView.from_spec(
+        {"tuning": {"enabled": True, "intervalSeconds": 10, "cooldownSeconds": 20}}
+    )
+    helps = Predictions(speedup={round(0.05 * i, 2): 1.5 + 0.05 * i for i in range(20)})
+    status: dict = {}
+    mem = TickMemory(started=T0)
+    lat = tok = 0.0
+    out: list[tuple[str, str, str]] = []
+    for i in range(ticks):
+        now = T0 + timedelta(seconds=10 * i)
+        ratio = (status.get("compression") or {}).get("ratio", 0.3)
+        if i:
+            tok += 100.0
+            lat += 100.0 * 0.08 * (1.0 - (faster_at_new if ratio > 0.3 else 0.0))
+        sample = Sample(
+            now, 0.6, 5.0, 0.99, predictions=helps, latency_sum=lat, generated_tokens=tok
+        )
+        plan = plan_tick(TickInput(v, status, 1, sample, mem, now))
+        mem, status = plan.memory, status | (plan.status or {})
+        if plan.ratio is not None:
+            out.append((plan.ratio.text, plan.ratio.event.type, plan.ratio.event.reason))
+        out += [("", e.type, e.reason) for e in plan.events if e.reason != "MetricsAvailable"]
+    return [x for x in out if x[2] != "CompressionEffective"]
+
+
+def test_a_paired_trial_as_whole_ticks_writes_and_announces() -> None:
+    # 10 % faster at the new ratio: there, back for the second window, and there again
+    kept = plan_run(0.10)
+    assert kept[:3] == [
+        ("0.35", "Normal", "CompressionChanged"),
+        ("0.3", "Normal", "CompressionChanged"),  # RecheckingPreviousRatio
+        ("0.35", "Normal", Reason.CONFIRMED),
+    ]
+    # no faster: there and back, then a Warning and nothing more written
+    held = plan_run(0.0)
+    assert held[:3] == [
+        ("0.35", "Normal", "CompressionChanged"),
+        ("0.3", "Normal", "CompressionChanged"),
+        ("", "Warning", Reason.REVERTED_NO_GAIN),
+    ]
+    assert [x for x in held if x[0]] == held[:2]
