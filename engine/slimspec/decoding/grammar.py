@@ -108,6 +108,13 @@ def regex_grammar(regex: str) -> str:
     return str(llguidance.LLMatcher.grammar_from_regex(regex))
 
 
+def lark_grammar(lark: str) -> str:
+    """llguidance's Lark dialect (JSON schemas inline with `%json {...}`)."""
+    import llguidance
+
+    return str(llguidance.LLMatcher.grammar_from_lark(lark))
+
+
 def grammar_error(grammar: str) -> str:
     """Why a grammar cannot be used ("" when it can)."""
     import llguidance
@@ -202,8 +209,12 @@ class StepGrammar:
             if m is None:
                 continue
             m.rollback(self.consumed[i])
-            if not m.consume_tokens([int(t) for t in emitted[i]]):
-                log.warning("grammar refused an emitted token: %s", m.get_error())
+            for t in emitted[i]:
+                if m.is_stopped():  # the grammar is complete: what follows is the row's end
+                    break
+                if not m.consume_token(int(t)):
+                    log.warning("grammar refused an emitted token: %s", m.get_error())
+                    break
 
 
 class GrammarRows:
