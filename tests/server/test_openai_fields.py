@@ -143,8 +143,16 @@ def test_n_choices_seeded_and_reproducible(client) -> None:
             },
             "response_format",
         ),
+        # the tiny models' chat template does not render tools: refused, not ignored
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
+        ),
         ({"logit_bias": {"5": 10}}, "logit_bias"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"frequency_penalty": -1}, "frequency_penalty"),
@@ -166,6 +174,8 @@ def test_output_changing_fields_are_refused_by_name(server, extra, field) -> Non
         {"user": "u1", "metadata": {"k": "v"}, "store": False},
         {"response_format": {"type": "text"}, "presence_penalty": 0, "logit_bias": {}},
         {"tool_choice": "none", "tools": []},
+        # tools rendered nowhere and nothing parsed: fine even for a template without tools
+        {"tool_choice": "none", "tools": [{"type": "function", "function": {"name": "f"}}]},
     ],
 )
 def test_neutral_and_descriptive_fields_are_accepted(server, extra) -> None:
@@ -199,3 +209,33 @@ def test_completion_combinations_that_are_refused(client) -> None:
     ]
     with pytest.raises(openai.BadRequestError, match="tool_calls"):
         client.chat.completions.create(model="m", messages=tool_turn, max_tokens=3)
+
+
+def test_invalid_tool_definitions_are_refused(server) -> None:
+    for tool in (
+        {"type": "function", "function": {"name": "has space"}},
+        {"type": "retrieval"},
+        {"type": "function", "function": {"name": "f", "colour": "red"}},
+    ):
+        body = {"messages": CHAT, "max_tokens": 2, "tools": [tool]}
+        r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+        assert 400 <= r.status_code < 500 and "tools" in r.text, r.text
+
+
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_served(client) -> None:
+    system = "You are a careful assistant. Answer briefly and exactly. " * 2  # ~114 tokens
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]
+    first = client.chat.completions.create(model="m", messages=messages, max_tokens=2)
+    again = client.chat.completions.create(model="m", messages=messages, max_tokens=2)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 96 <= cached < again.usage.prompt_tokens  # whole blocks, never the last token
+    stream = client.chat.completions.create(
+        model="m",
+        messages=messages,
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [c.usage for c in stream if c.usage is not None]
+    assert usage[-1].prompt_tokens_details.cached_tokens == cached

@@ -528,7 +528,14 @@ class RowBatch:
                 lps = o.logprobs[: len(new_tokens)]  # what a stop or the length cut kept
                 r.logprobs.extend(lps)
             outputs.append(
-                StepOutput(r.req.request_id, new_tokens, reason is not None, reason, lps)
+                StepOutput(
+                    r.req.request_id,
+                    new_tokens,
+                    reason is not None,
+                    reason,
+                    lps,
+                    r.stats.cached_prompt_tokens,
+                )
             )
             if reason is None:
                 keep.append(i)

@@ -94,6 +94,7 @@ class StepOutput:
     finished: bool
     finish_reason: str | None = None  # "stop" (stop token) | "length" | "cancelled"
     logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked
+    cached_prompt_tokens: int = 0  # prompt tokens the prefix cache served (RequestStats)
 
 
 @dataclass

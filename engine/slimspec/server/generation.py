@@ -41,6 +41,7 @@ class GenState:
     completion_tokens: int = 0
     finish_reason: str | None = None
     ttft_s: float | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     token_starts: list[int] = field(default_factory=list)
@@ -135,10 +136,15 @@ def fit_context(served: Served, n_prompt: int, max_new: int, explicit: bool, nam
     )
 
 
-def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    """The tokenizer's chat template, or a plain transcript when it has none."""
+def chat_prompt(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> str:
+    """The tokenizer's chat template (with the tools, when given), or a plain transcript
+    when it has none (tools are refused before that: tools.py)."""
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
     lines = [f"{m['role']}: {m['content']}" for m in messages]
     return "\n".join([*lines, "assistant:"])
 
@@ -192,6 +198,7 @@ async def text_deltas(
         async for out in handle.outputs():
             if out.new_token_ids and state.ttft_s is None:
                 state.ttft_s = time.monotonic() - t0
+            state.cached_tokens = max(state.cached_tokens, out.cached_prompt_tokens)
             kept = [i for i, t in enumerate(out.new_token_ids) if t not in served.stop_ids]
             ids.extend(out.new_token_ids[i] for i in kept)
             state.completion_tokens += len(out.new_token_ids)

@@ -4,7 +4,8 @@ Defaults follow the OpenAI API: temperature 1, top_p 1; max_tokens 16 for
 completions, 256 for chat (both capped by --max-new-tokens). The `model` field
 is accepted whatever it says; responses name the model actually served (the
 configured served model name, or the target's name: model_name()). `n` choices are
-rows of the same batch; `logprobs` come from the target's verification forward.
+rows of the same batch; `logprobs` come from the target's verification forward; tools
+go through the model's chat template and its calls come back as `tool_calls` (tools.py).
 Fields that are not honoured are refused or, when they only describe the caller,
 ignored (openai_fields.py); docs/api.md lists them.
 """
@@ -24,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from slimspec.decoding.grammar import grammar_error, json_schema_grammar
+from slimspec.decoding.grammar import grammar_error, json_schema_grammar, lark_grammar
 from slimspec.decoding.types import SamplingParams, TokenLogprob
 from slimspec.server.errors import ApiError, error_body
 from slimspec.server.generation import (
@@ -40,8 +41,25 @@ from slimspec.server.generation import (
 )
 from slimspec.server.logprob_format import chat_logprobs, completion_logprobs
 from slimspec.server.openai_fields import check_extra_fields
-from slimspec.server.schemas import INT64, ChatCompletionRequest, CompletionRequest
+from slimspec.server.schemas import (
+    INT64,
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+)
 from slimspec.server.service import EngineService, Served
+from slimspec.server.tools import (
+    ToolStreamFilter,
+    auto_with_format_lark,
+    check_tools,
+    forced_call_lark,
+    parse_tool_calls,
+    parse_tool_choice,
+    tag_terminals,
+    template_tool_calls,
+    tool_call_deltas,
+    tool_support,
+)
 
 router = APIRouter(prefix="/v1")
 log = logging.getLogger(__name__)
@@ -102,9 +120,9 @@ def _check_fields(body: Any, route: str) -> None:
         log.info("%s: ignored field(s) that describe the caller: %s", route, ", ".join(ignored))
 
 
-def response_grammar(response_format: dict[str, Any] | None) -> str | None:
-    """The grammar a chat `response_format` asks for (None: free text); 400 for one that
-    is malformed or does not compile."""
+def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON schema a chat `response_format` asks for (None: free text); 400 for one
+    that is malformed."""
     kind = (response_format or {}).get("type", "text")
     if kind == "text":
         return None
@@ -127,15 +145,111 @@ def response_grammar(response_format: dict[str, Any] | None) -> str | None:
             f"response_format type {kind!r}: use text, json_object or json_schema",
             param="response_format",
         )
+    return schema
+
+
+def _compiled(make: Callable[[], str], param: str) -> str:
+    """A grammar from `make`; 400 naming `param` when it does not compile."""
     try:
-        grammar = json_schema_grammar(schema)
+        grammar = make()
     except ValueError as exc:
         grammar, error = "", str(exc)
     else:
         error = grammar_error(grammar)
     if error and not error.startswith("WARNING"):
-        raise ApiError(400, "invalid_schema", f"response_format: {error}", param="response_format")
+        raise ApiError(400, "invalid_schema", f"{param}: {error}", param=param)
     return grammar
+
+
+def response_grammar(response_format: dict[str, Any] | None) -> str | None:
+    """The grammar a chat `response_format` asks for (None: free text); 400 for one that
+    is malformed or does not compile."""
+    schema = response_schema(response_format)
+    if schema is None:
+        return None
+    return _compiled(lambda: json_schema_grammar(schema), "response_format")
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a chat request's tools mean for its prompt, decoding and answer."""
+
+    tools: list[dict[str, Any]]  # rendered by the template ([]: none)
+    parse: bool  # read tool calls out of the output
+    grammar: str | None  # decoding constraint (tools and/or response_format)
+    param: str  # the field a grammar that fails to compile is blamed on
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(t["function"]["name"] for t in self.tools)
+
+
+def tool_plan(body: ChatCompletionRequest, tokenizer: Any) -> ToolPlan:
+    """tools, tool_choice and response_format together; 400 for what cannot be served
+    as asked (runs on a worker thread: it probes the template and compiles grammars)."""
+    tools = check_tools([t.model_dump(exclude_none=True) for t in body.tools or []])
+    named = body.tool_choice
+    choice = parse_tool_choice(
+        named.model_dump() if isinstance(named, NamedToolChoice) else named, tools
+    )
+    support = tool_support(tokenizer)
+    for i, m in enumerate(body.messages):
+        if m.function_call is not None:
+            raise ApiError(
+                400,
+                "unsupported_field",
+                "function_call (the legacy form) is not supported: use tool_calls",
+                param=f"messages.{i}.function_call",
+            )
+        tool_result = m.role == "tool" and not support.renders_results
+        if (m.tool_calls and not support.renders_calls) or tool_result:
+            param = f"messages.{i}.tool_calls" if m.tool_calls else f"messages.{i}.role"
+            raise ApiError(
+                400,
+                "unsupported_field",
+                f"{param}: the served model's chat template does not render tool calls "
+                "or tool results",
+                param=param,
+            )
+    if choice.mode == "none":
+        return ToolPlan([], False, response_grammar(body.response_format), "response_format")
+    if (why := support.refusal()) is not None:
+        raise ApiError(400, "unsupported_field", f"tools: {why}", param="tools")
+    parallel = body.parallel_tool_calls is not False
+    if choice.forced:  # the answer is calls: a response_format has nothing to shape
+        lark = forced_call_lark(tools, choice, parallel, tag_terminals(tokenizer))
+        return ToolPlan(tools, True, _compiled(lambda: lark_grammar(lark), "tools"), "tools")
+    schema = response_schema(body.response_format)
+    if schema is None:  # auto: the model decides, unconstrained
+        return ToolPlan(tools, True, None, "tools")
+    lark = auto_with_format_lark(schema, tools, tag_terminals(tokenizer))
+    return ToolPlan(tools, True, _compiled(lambda: lark_grammar(lark), "tools"), "tools")
+
+
+def template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The conversation as chat templates take it (ValueError for content they cannot)."""
+    out = []
+    for m in body.messages:
+        msg: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = template_tool_calls(m.tool_calls)
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
+
+
+def chat_message(text: str, finish: str, plan: ToolPlan) -> tuple[dict[str, Any], str]:
+    """A whole choice's message and finish reason ("tool_calls" when it called any)."""
+    if not plan.parse:
+        return {"role": "assistant", "content": text}, finish
+    parsed = parse_tool_calls(text, plan.names)
+    if not parsed.tool_calls:
+        return {"role": "assistant", "content": text}, finish
+    message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
+    return message, "tool_calls"
 
 
 def per_choice(params: GenParams, n: int) -> list[GenParams]:
@@ -150,13 +264,15 @@ def per_choice(params: GenParams, n: int) -> list[GenParams]:
     return out
 
 
-def _usage(states: list[GenState]) -> dict[str, int]:
+def _usage(states: list[GenState]) -> dict[str, Any]:
     prompt = states[0].prompt_tokens
     completion = sum(s.completion_tokens for s in states)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        # the prompt tokens whose prefill the prefix cache skipped (all choices share it)
+        "prompt_tokens_details": {"cached_tokens": max(s.cached_tokens for s in states)},
     }
 
 
@@ -258,11 +374,17 @@ async def _stream(
     wants_logprobs = choices[0].logprobs is not None
     released = _Released(states)
 
-    def piece_chunk(i: int, text: str | None, finish: str | None) -> dict[str, Any]:
+    def piece_chunk(i: int, text: str | None, finish: str | None) -> str:
+        """The chunk's SSE event ("" when make_chunk holds it back: its log-probabilities
+        then go with the choice's next chunk)."""
+        before = released.sent[i]
         lps = released.take(i) if wants_logprobs else None
         out = make_chunk(ChunkPart(i, text, finish, lps))
-        assert out is not None
-        return out
+        if out is None:
+            assert finish is None, "a finishing chunk is always sent"
+            released.sent[i] = before
+            return ""
+        return _sse(out)
 
     async def body() -> AsyncIterator[str]:
         queue: asyncio.Queue[tuple[int, str | None, BaseException | None]] = asyncio.Queue()
@@ -283,8 +405,8 @@ async def _stream(
                     yield _sse(first_chunk)
                 if prefix:  # the echoed prompt (echo refuses logprobs)
                     yield _sse(make_chunk(ChunkPart(i, prefix)) or {})
-                if firsts[i]:
-                    yield _sse(piece_chunk(i, firsts[i], None))
+                if firsts[i] and (event := piece_chunk(i, firsts[i], None)):
+                    yield event
             pumps = [asyncio.create_task(pump(i)) for i in range(len(choices))]
             running = len(choices)
             while running:
@@ -293,9 +415,9 @@ async def _stream(
                     raise exc
                 if piece is None:
                     running -= 1
-                    yield _sse(piece_chunk(i, None, states[i].finish_reason or "length"))
-                else:
-                    yield _sse(piece_chunk(i, piece, None))
+                    yield piece_chunk(i, None, states[i].finish_reason or "length")
+                elif event := piece_chunk(i, piece, None):
+                    yield event
             if include_usage:
                 usage = make_chunk(ChunkPart(0)) or {}
                 yield _sse({**usage, "choices": [], "usage": _usage(states)})
@@ -410,27 +532,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         raise ApiError(
             400, "invalid_value", "top_logprobs needs logprobs: true", param="top_logprobs"
         )
-    for i, m in enumerate(body.messages):
-        if m.tool_calls or m.function_call:
-            raise ApiError(
-                400,
-                "unsupported_field",
-                "messages with tool_calls are not supported (tool calling is not supported)",
-                param=f"messages.{i}.tool_calls",
-            )
     params = _params(service, body, 256, body.logprobs_top)
-    params.grammar = await asyncio.to_thread(response_grammar, body.response_format)
     served = acquire(service)
+    plan = await asyncio.to_thread(tool_plan, body, served.tokenizer)
+    params.grammar = plan.grammar
     if params.grammar is not None:
         try:  # compiled here, on a worker thread, not inside a batch step
             await asyncio.to_thread(served.engine.check_grammar, params.grammar)
         except ValueError as exc:
             raise ApiError(
-                400, "invalid_schema", f"response_format: {exc}", param="response_format"
+                400, "invalid_schema", f"{plan.param}: {exc}", param=plan.param
             ) from None
     try:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt = await asyncio.to_thread(chat_prompt, served.tokenizer, messages)
+        messages = template_messages(body)
+        prompt = await asyncio.to_thread(chat_prompt, served.tokenizer, messages, plan.tools)
     except ValueError as exc:
         raise ApiError(422, "invalid_value", str(exc), param="messages") from None
     except Exception as exc:  # a template may raise on unusual role orders
@@ -445,10 +560,27 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     )
     tok = served.tokenizer
 
-    def chunk(p: ChunkPart) -> dict[str, Any]:
+    choices = per_choice(params, body.n or 1)
+    held = [ToolStreamFilter(plan.names) for _ in choices] if plan.parse else None
+
+    def chunk(p: ChunkPart) -> dict[str, Any] | None:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if p.first else {}
-        if p.text:
-            delta["content"] = p.text
+        finish = p.finish
+        if held is None or p.first:
+            if p.text:
+                delta["content"] = p.text
+        else:  # content up to a tool call block; the calls when the choice ends
+            shown = held[p.index].piece(p.text)
+            if finish is not None:
+                parsed = held[p.index].finish()
+                shown += parsed.content or ""
+                if parsed.tool_calls:
+                    delta["tool_calls"] = tool_call_deltas(parsed.tool_calls)
+                    finish = "tool_calls"
+            if shown:
+                delta["content"] = shown
+            if not delta and finish is None:
+                return None
         return {
             "id": cid,
             "object": "chat.completion.chunk",
@@ -459,12 +591,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                     "index": p.index,
                     "delta": delta,
                     "logprobs": None if p.lps is None else chat_logprobs(tok, p.lps[0]),
-                    "finish_reason": p.finish,
+                    "finish_reason": finish,
                 }
             ],
         }
 
-    choices = per_choice(params, body.n or 1)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return await _stream(
@@ -478,23 +609,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             "/v1/chat/completions",
         )
     states = await _generate_all(service, served, prompt_ids, choices, request)
-    for st in states:
+    out_choices = []
+    for i, st in enumerate(states):
         _observe_ttft(service, "/v1/chat/completions", st)
+        message, finish = chat_message(st.text, st.finish_reason or "length", plan)
+        out_choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": chat_logprobs(tok, st.logprobs) if body.logprobs else None,
+                "finish_reason": finish,
+            }
+        )
     return JSONResponse(
         {
             "id": cid,
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": st.text},
-                    "logprobs": chat_logprobs(tok, st.logprobs) if body.logprobs else None,
-                    "finish_reason": st.finish_reason or "length",
-                }
-                for i, st in enumerate(states)
-            ],
+            "choices": out_choices,
             "usage": _usage(states),
         }
     )

@@ -25,7 +25,7 @@ DESCRIPTIVE = frozenset(
         "prompt_cache_key",
         "prompt_cache_retention",
         "safety_identifier",
-        "parallel_tool_calls",  # only means something with tools, which are refused
+        "parallel_tool_calls",  # (a chat field) on completions: only with tools, refused
     }
 )
 
@@ -50,10 +50,11 @@ NOT_SUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
         "response_format is a chat completions field",
     ),
-    "tools": (_empty, "tool calling is not supported"),
-    "tool_choice": (_is("none", "auto"), "tool calling is not supported"),
-    "functions": (_empty, "function calling is not supported"),
-    "function_call": (_is("none", "auto"), "function calling is not supported"),
+    # (chat honours them: fields of its request model)
+    "tools": (_empty, "tools are a chat completions field"),
+    "tool_choice": (_is("none", "auto"), "tool_choice is a chat completions field"),
+    "functions": (_empty, "functions is the legacy form of tools: use tools"),
+    "function_call": (_is("none", "auto"), "function_call is the legacy form: use tool_choice"),
     "logit_bias": (_empty, "logit_bias is not supported"),
     "presence_penalty": (_zero, "presence_penalty is not supported (only 0)"),
     "frequency_penalty": (_zero, "frequency_penalty is not supported (only 0)"),

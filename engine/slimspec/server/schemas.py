@@ -145,10 +145,12 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    # An earlier tool call in the conversation: tools are not supported, and dropping
-    # it from the prompt would be a silent downgrade (refused: openai_api.py).
-    tool_calls: list[Any] | None = None
-    function_call: Any = None
+    # An earlier turn's tool calls and a tool result's call id: rendered by the model's
+    # chat template, or refused when it cannot (dropping them would be a silent
+    # downgrade: openai_api.py).
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    function_call: Any = None  # the legacy form: refused
 
     def text(self) -> str:
         if self.content is None:
@@ -163,11 +165,43 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments
+    strict: bool | None = None  # forced calls always follow the schema (tools.py)
+
+
+class ChatTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_OpenAIBase):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: dict[str, Any] | None = None  # text | json_object | json_schema
+    tools: Annotated[list[ChatTool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # default true, as OpenAI's
 
     @property
     def logprobs_top(self) -> int | None:
