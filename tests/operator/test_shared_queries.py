@@ -198,15 +198,19 @@ def prometheus(prometheus_server: PrometheusFactory) -> Iterator[PrometheusServe
 
 
 def same(a: list[Sample], b: list[Sample]) -> bool:
-    """Equal samples, but for rates and latencies read a moment apart (live traffic)."""
+    """Equal samples, but for rates, latencies and running totals read a moment apart
+    (live traffic; a is read after b)."""
     live = ("p99_latency", "request_rate")
+    totals = ("latency_sum", "generated_tokens")  # counters: only ever grow
     for x, y in zip(a, b, strict=True):
         for name in live:
             u, v = getattr(x, name), getattr(y, name)
             assert (u is None) == (v is None) and (u is None or u == pytest.approx(v, rel=0.3))
-        assert replace(x, p99_latency=None, request_rate=None) == replace(
-            y, p99_latency=None, request_rate=None
-        )
+        for name in totals:
+            u, v = getattr(x, name), getattr(y, name)
+            assert (u is None) == (v is None) and (u is None or u >= v)
+        blank = dict.fromkeys(live + totals)
+        assert replace(x, **blank) == replace(y, **blank)
     return True
 
 
