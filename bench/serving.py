@@ -150,16 +150,17 @@ def step_counters(base: str) -> dict[str, float]:
 
 
 def ratio_window(base: str, app: Any, ratio: float, window_s: float, settle_s: float,
-                 max_new: int) -> dict[str, Any]:  # fmt: skip
-    """8 clients at one ratio: an untimed settle window first (the first steps after a
+                 max_new: int, clients: int = 8) -> dict[str, Any]:  # fmt: skip
+    """`clients` at one ratio: an untimed settle window first (the first steps after a
     switch build the new head's kernels and refill the acceptance estimate), then the
     timed one, with the engine's acceptance over it and its prediction at its end."""
     set_ratio(app, ratio)
     if settle_s > 0:
-        asyncio.run(run_clients(base, 8, settle_s, max_new))
+        asyncio.run(run_clients(base, clients, settle_s, max_new))
         wait_idle(app)
     c0 = step_counters(base)
-    res = measure(base, app, f"speculative, batching on, ratio {ratio}", 8, window_s, max_new)
+    mode = f"speculative, batching on, ratio {ratio}"
+    res = measure(base, app, mode, clients, window_s, max_new)
     d = {k: v - c0[k] for k, v in step_counters(base).items()}
     return {
         "tokens_per_s": res.tokens_per_s,
@@ -175,14 +176,14 @@ def ratio_window(base: str, app: Any, ratio: float, window_s: float, settle_s: f
 
 def ratio_effect_runs(
     base: str, app: Any, ratios: list[float], repeats: int, window_s: float, settle_s: float,
-    max_new: int,
+    max_new: int, clients: int = 8,
 ) -> dict[str, Any]:  # fmt: skip
     """The ratios alternated `repeats` times (drift hits each alike); per ratio the mean
     tokens/s over its windows, and measured vs predicted effect relative to the first."""
     runs: dict[float, list[dict[str, Any]]] = {r: [] for r in ratios}
     for _ in range(repeats):
         for r in ratios:
-            runs[r].append(ratio_window(base, app, r, window_s, settle_s, max_new))
+            runs[r].append(ratio_window(base, app, r, window_s, settle_s, max_new, clients))
     key = lambda r: f'{{ratio="{r}"}}'  # noqa: E731
     out: dict[str, Any] = {}
     ref = ratios[0]
@@ -206,7 +207,14 @@ def ratio_effect_runs(
             "predicted_vs_first": round(statistics.fmean(pred), 3) if pred else None,
         }
     out["predicted_speedup"] = runs[ratios[-1]][-1]["predicted_speedup"]
-    out["settle_s"], out["repeats"] = settle_s, repeats
+    out["settle_s"], out["repeats"], out["clients"] = settle_s, repeats, clients
+    last = out[repr(ratios[-1])]
+    if last["measured_vs_first"] and last["predicted_vs_first"]:
+        # |predicted - measured| / measured, for the last ratio's effect on the first's
+        err = (
+            abs(last["predicted_vs_first"] - last["measured_vs_first"]) / last["measured_vs_first"]
+        )
+        out["prediction_error"] = round(err, 4)
     return out
 
 
@@ -360,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ratio-repeats", type=int, default=2, help="alternations of --ratios")
     p.add_argument("--settle", type=float, default=8.0, help="untimed seconds after a switch")
     p.add_argument("--ratio-only", action="store_true", help="only the ratio effect at 8 clients")
+    p.add_argument("--ratio-clients", default="8",
+                   help="client counts for the ratio effect (e.g. 1,8)")  # fmt: skip
     p.add_argument("--gain-repeats", type=int, default=2,
                    help="extra alternated off/on windows at 8 clients (headline gain)")  # fmt: skip
     p.add_argument("--no-prefill-ab", action="store_true",
@@ -432,14 +442,21 @@ def main(argv: list[str] | None = None) -> int:
                 w = measure(base, app, mode, 8, args.window, args.max_new_tokens)
                 gain_windows[key].append(w.tokens_per_s)
     ratio_effect: dict[str, Any] = {}
+    other_ratio_effects: dict[str, Any] = {}
     if 8 in levels or args.ratio_only:
         set_batch(app, args.batch_on)
         ratios = [float(x) for x in args.ratios.split(",")]
-        ratio_effect = ratio_effect_runs(
-            base, app, ratios, args.ratio_repeats, args.window, args.settle, args.max_new_tokens
-        )
-        ratio_effect["best"] = metric_values(base, "slimspec_ratio_best").get("")
-        ratio_effect["can_help"] = metric_values(base, "slimspec_compression_can_help").get("")
+        for c in sorted(int(x) for x in args.ratio_clients.split(",")):
+            effect = ratio_effect_runs(
+                base, app, ratios, args.ratio_repeats, args.window, args.settle,
+                args.max_new_tokens, c,
+            )  # fmt: skip
+            effect["best"] = metric_values(base, "slimspec_ratio_best").get("")
+            effect["can_help"] = metric_values(base, "slimspec_compression_can_help").get("")
+            if c == 8:
+                ratio_effect = effect
+            else:
+                other_ratio_effects[f"ratio_effect_{c}_clients"] = effect
         set_ratio(app, 0.3)
     prefill_effect: dict[str, Any] = {}
     if 8 in levels and not args.ratio_only and not args.no_prefill_ab:
@@ -472,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         else None,
         "p99_latency_s_8_clients": on8.p99_s if on8 else None,
         "ratio_effect_8_clients": ratio_effect,
+        **other_ratio_effects,
+        "ratio_prediction_error_8_clients": ratio_effect.get("prediction_error"),
         "fused_prefill_effect_8_clients": prefill_effect,
     }
     if before and on8:

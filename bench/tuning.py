@@ -30,13 +30,18 @@ Figures (bench/results/tuning.json, plot tuning.png):
   tuner_never_worse_when_knob_hurts    the tuner never raised the ratio there and
                                        its latency was not worse than fixed (+5 %)
 
-Run: .venv/bin/python bench/tuning.py [--quick] [--configs helps,hurts] [--out DIR]
-     [--plot-only]
+  tuner_moves_in_a_a_run               (config aa) changes the tuner kept where the
+                                       ratio cannot matter (aim 0), with every verdict
+  tuner_latency_gain_when_knob_helps_runs   the gain of each run, with --merge
+
+Run: .venv/bin/python bench/tuning.py [--quick] [--configs helps,hurts,aa] [--out DIR]
+     [--merge] [--plot-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -95,11 +100,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "env": {"SLIMSPEC_HEAD_RERANK": "0"},  # the calibration ranking stays in force
         "prompts": "perl",
     },
+    "aa": {
+        "what": "A/A: the Qwen2.5-Coder 1.5B target alone (no draft), where the ratio "
+        "cannot matter; tuning on for 20 minutes",
+        "engine": {"dtype": "bfloat16", "num_draft_tokens": None},
+        "draft": "none",
+        "tuning_s": 1200,
+    },
 }
 PROMPT_CHARS = 400  # a held-out prompt: about this many characters, whole lines
 N_PROMPTS = 12
-PHASES = {"warm-up": 60, "baseline": 60, "tuning": 240, "re-check": 60}
+# Paired verdicts need whole windows (2 ticks spanning >= the cooldown) of A, B and A
+# again: a 600 s phase fits several trials at a 15 s interval and a 60 s cooldown.
+PHASES = {"warm-up": 60, "baseline": 60, "tuning": 600, "re-check": 60}
 QUICK = {"warm-up": 30, "baseline": 25, "tuning": 100, "re-check": 25}
+VERDICTS = ("ChangeConfirmed", "RevertedLatencyWorse", "RevertedNoGain", "Inconclusive")
 
 
 def heldout_prompts(domain: str) -> list[str]:
@@ -165,8 +180,11 @@ def run_config(
     core.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=meta, data=data))
     port, pair = free_port(), real_model_pair()
     cfg = CONFIGS[name]
+    if "tuning_s" in cfg and not quick:
+        phases = {**phases, "tuning": cfg["tuning_s"]}
+    draft = cfg.get("draft", str(pair.draft))
     engine = engine_process(
-        port, ns, SVC, str(cluster.kubeconfig), work, str(pair.target), draft=str(pair.draft),
+        port, ns, SVC, str(cluster.kubeconfig), work, str(pair.target), draft=draft,
         name=f"engine-{name}", threads=ENGINE_THREADS, extra_env=cfg.get("env"),
         **cfg["engine"],
     )  # fmt: skip
@@ -183,8 +201,8 @@ def run_config(
         "http://127.0.0.1:1",  # replaced below, once Prometheus has its port
         window="15s",
         enabled=False,
-        intervalSeconds=5,
-        cooldownSeconds=20,  # >= the p99 window: a verdict sees only the new ratio
+        intervalSeconds=5 if quick else 15,
+        cooldownSeconds=20 if quick else 60,  # a verdict's window: >= the p99 window
         maxStep=0.2 if quick else 0.1,
         latencyTargetSeconds=100.0,
     )
@@ -265,6 +283,10 @@ def summarize_config(
     fixed_mean = statistics.fmean(f["mean_s"] for f in fixed if f.get("requests"))
     tuning_pts = [p for p in rec.points if p.phase == "tuning" and p.status_ratio is not None]
     ratios = [p.status_ratio for p in tuning_pts]
+    # each verdict once, when the last decision's reason turns to it
+    reasons = [p.reason for p in tuning_pts]
+    turned = [r for i, r in enumerate(reasons) if r in VERDICTS and (i == 0 or reasons[i - 1] != r)]
+    changes = sum(1 for a, b in itertools.pairwise(ratios) if abs(a - b) > 1e-9)
     effective = next(
         (c for c in status.get("conditions") or [] if c["type"] == "CompressionEffective"), {}
     )
@@ -278,6 +300,10 @@ def summarize_config(
         "ratio_end": ratios[-1] if ratios else None,
         "ratio_max": max(ratios) if ratios else None,
         "raised": any(r > FIXED_RATIO + 1e-9 for r in ratios),
+        "phase_seconds": {k: round(b - a, 1) for k, (a, b) in marks.items()},
+        "verdicts": {v: turned.count(v) for v in VERDICTS},
+        "moves_kept": turned.count("ChangeConfirmed"),
+        "ratio_changes": changes,
         "compression_effective": {k: effective.get(k) for k in ("status", "reason", "message")},
         "predictions": comp.get("predictions"),
         "history": comp.get("history", []),
@@ -302,6 +328,12 @@ def figures(configs: dict[str, Any]) -> dict[str, Any]:
         out["tuner_never_worse_when_knob_hurts"] = (not c["raised"]) and not_worse
         out["tuner_raised_when_knob_hurts"] = c["raised"]
         out["latency_change_when_knob_hurts"] = c["gain"]
+    if "aa" in configs:
+        c = configs["aa"]
+        out["tuner_moves_in_a_a_run"] = c["moves_kept"]
+        out["a_a_verdicts"] = c["verdicts"]
+        out["a_a_ratio_changes"] = c["ratio_changes"]
+        out["a_a_tuning_s"] = c["phase_seconds"]["tuning"]
     return out
 
 
@@ -348,6 +380,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for tuning.json/png")
     ap.add_argument("--crd", help="CRD file to apply (default: crds/slimspecservice.yaml)")
     ap.add_argument("--plot-only", action="store_true", help="re-plot the saved JSON")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the saved configurations not run now, and add this run's gain where the "
+        "knob helps to the saved list of runs (tuner_latency_gain_when_knob_helps_runs)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "tuning.json"
@@ -374,7 +412,22 @@ def main() -> int:
             "configs": configs,
             "workdir": str(work),
         }
+    runs: list[float] = []
+    if args.merge and out.exists() and not args.plot_only:
+        saved = json.loads(out.read_text())
+        data["configs"] = {**saved.get("configs", {}), **data["configs"]}
+        runs = list(saved.get("figures", {}).get("tuner_latency_gain_when_knob_helps_runs", []))
+    elif args.plot_only:
+        runs = list(data.get("figures", {}).get("tuner_latency_gain_when_knob_helps_runs", []))
     data["figures"] = figures(data["configs"])
+    if args.plot_only:
+        data["figures"]["tuner_latency_gain_when_knob_helps_runs"] = runs
+    elif "helps" in data["configs"]:
+        ran_now = "helps" in args.configs.split(",")
+        gain = data["configs"]["helps"]["gain"]
+        data["figures"]["tuner_latency_gain_when_knob_helps_runs"] = (
+            [*runs, gain] if ran_now else runs
+        )
     out.write_text(json.dumps(data, indent=1))
     plot(data, args.out / "tuning.png")
     print(json.dumps(data["figures"], indent=1))
