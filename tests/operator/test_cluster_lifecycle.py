@@ -126,7 +126,12 @@ def test_status_conditions_printer_columns_scale_and_ratio(
     )
     assert api.condition("Ready")["status"] == "False"
     with pod_driver.start(namespace, SELECTOR):
-        api.wait(lambda: api.condition("Ready").get("status") == "True", what="Ready=True")
+        # Ready turns True with the first ready replica (PartiallyReady): wait for all
+        api.wait(
+            lambda: api.condition("Ready").get("reason") == "AllReplicasReady",
+            what="Ready=True, AllReplicasReady",
+        )
+        assert api.condition("Ready")["status"] == "True"
         st = api.get()["status"]
         assert st["readyReplicas"] == 2 and st["replicas"] == 2
         assert st["servedVersion"] == "v1" and "rolloutVersion" not in st
