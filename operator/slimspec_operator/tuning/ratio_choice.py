@@ -65,20 +65,29 @@ def judge_trial(sit: Situation, trial: Trial, last_replica_change: datetime | No
     if v.keep:
         return replace(sit.hold(Reason.CONFIRMED, v.message), effect=effect, verdict=v)
     back = trial.from_ratio if v.revert_to is None else v.revert_to
-    if v.outcome != Outcome.INCONCLUSIVE:
-        backoffs = fx.with_backoff(
-            effect.backoffs,
-            back,
-            trial.direction,
-            sit.now,
-            v.outcome,
-            s.backoff_seconds,
-            s.backoff_max_factor,
-        )
-        effect = replace(effect, backoffs=backoffs)
+    effect = _backed_off(sit, effect, trial, v, back)
     back = min(max(back, s.min_ratio), s.max_ratio)
     decision = move(sit.ratio, back, REVERT_REASONS[v.outcome], v.message, effect)
     return replace(decision, verdict=v)
+
+
+def _backed_off(
+    sit: Situation, effect: fx.EffectMemory, trial: Trial, v: fx.Verdict, back: float
+) -> fx.EffectMemory:
+    """effect with the move from `back` backed off (an inconclusive trial: unchanged)."""
+    if v.outcome == Outcome.INCONCLUSIVE:
+        return effect
+    s = sit.s
+    backoffs = fx.with_backoff(
+        effect.backoffs,
+        back,
+        trial.direction,
+        sit.now,
+        v.outcome,
+        s.backoff_seconds,
+        s.backoff_max_factor,
+    )
+    return replace(effect, backoffs=backoffs)
 
 
 def _judge_paired(sit: Situation, trial: Trial, last_replica_change: datetime | None) -> Decision:
@@ -114,17 +123,7 @@ def _judge_paired(sit: Situation, trial: Trial, last_replica_change: datetime | 
     if v.keep:
         decision = move(sit.ratio, trial.to_ratio, Reason.CONFIRMED, v.message, effect)
         return replace(decision, verdict=v)
-    if v.outcome != Outcome.INCONCLUSIVE:
-        backoffs = fx.with_backoff(
-            effect.backoffs,
-            trial.from_ratio,
-            trial.direction,
-            sit.now,
-            v.outcome,
-            s.backoff_seconds,
-            s.backoff_max_factor,
-        )
-        effect = replace(effect, backoffs=backoffs)
+    effect = _backed_off(sit, effect, trial, v, trial.from_ratio)
     # Already back at from_ratio: "not kept" is a hold there.
     decision = sit.hold(REVERT_REASONS[v.outcome], v.message)
     return replace(decision, effect=effect, verdict=v)
