@@ -1,7 +1,8 @@
 """The engine image's native CPU kernels: compile them at build time, check them in
-the built image. Two sources: the fused drafts' AVX512 kernels (draft_kernels) and the
-GGUF block kernels the target is served from (gguf_kernels, one build with AVX2 and
-one portable, since the image may run on any x86-64 CPU).
+the built image. Two sources: the fused drafts' kernels (draft_kernels, one build with
+AVX512-VNNI and one with AVX2) and the GGUF block kernels the target is served from
+(gguf_kernels, one build with AVX2 and one portable), since the image may run on any
+x86-64 CPU.
 
     python native_kernels.py build DIR   # build stage (has the C compiler)
     python native_kernels.py check DIR   # in the runtime image (has none)
@@ -9,9 +10,9 @@ one portable, since the image may run on any x86-64 CPU).
 `build` compiles the engine's C source with the engine's own build function and
 flags into DIR, under the name the engine looks for there when $SLIMSPEC_KERNELS_DIR
 is DIR (keyed by the source and the flags: the image sets it). `check` loads every
-library in DIR with ctypes, binds the functions the engine calls, and where the CPU has the
-instructions they are compiled for, runs the engine's self-checks against the
-float reference. It prints one JSON line: what it found and ran.
+library in DIR with ctypes, binds the functions the engine calls, and runs the engine's
+self-checks against the float reference on the build this CPU would load (the others
+would be illegal instructions here). It prints one JSON line: what it found and ran.
 
 The engine module is looked up by name so that this script survives the module
 moving inside the package.
@@ -46,8 +47,11 @@ def build(out_dir: Path) -> dict[str, object]:
     cc = next((c for c in COMPILERS if shutil.which(c)), None)
     if cc is None:
         raise SystemExit(f"no C compiler among {COMPILERS}: the build stage needs one")
-    out = out_dir / mod.prebuilt_name()
-    mod._build(cc, out)
+    drafts = []
+    for _name, flags, _needs in mod.BUILDS:
+        out = out_dir / mod.prebuilt_name(flags)
+        mod._build(cc, out, flags)
+        drafts.append(str(out))
     gguf = importlib.import_module(GGUF_MODULE)
     from slimspec.cpu import clib
 
@@ -56,7 +60,7 @@ def build(out_dir: Path) -> dict[str, object]:
         path = out_dir / clib.prebuilt_name(gguf.SOURCE, flags)
         clib.build(cc, gguf.SOURCE, flags, path)
         gguf_out.append(str(path))
-    return {"module": mod.__name__, "compiler": cc, "library": str(out), "gguf": gguf_out}
+    return {"module": mod.__name__, "compiler": cc, "libraries": drafts, "gguf": gguf_out}
 
 
 def check(lib_dir: Path) -> dict[str, object]:
@@ -65,16 +69,18 @@ def check(lib_dir: Path) -> dict[str, object]:
     if not libraries:
         raise SystemExit(f"no compiled kernels in {lib_dir}")
     cpu_ok = bool(mod.cpu_supported())
+    mine = mod.prebuilt_name() if cpu_ok else None
     result: dict[str, object] = {
         "module": mod.__name__,
         "libraries": [p.name for p in libraries],
         "compilers_on_path": [c for c in COMPILERS if shutil.which(c)],
         "cpu_supported": cpu_ok,
+        "for_this_cpu": mine,
         "self_check": None,
     }
     for path in libraries:
         lib = mod._bind(ctypes.CDLL(str(path)))  # dlopen + every symbol the engine binds
-        if cpu_ok:  # the kernels use AVX512-VNNI: run them only where the CPU has it
+        if path.name == mine:  # run only the build whose instructions this CPU has
             bits_ok = all(mod._self_check(lib, b) for b in mod.QUANT_BITS)
             result["self_check"] = bool(bits_ok and mod._attention_self_check(lib))
     result.update(check_gguf(lib_dir))

@@ -133,7 +133,7 @@ def test_int4_draft_needs_an_int4_kernel(tiny_llama_pair, monkeypatch):
         SpeculativeDecoder.from_models(target, draft, draft_quantization="int4-fused")
 
 
-@pytest.mark.skipif(not NATIVE, reason="no AVX512-VNNI CPU or C compiler for the native kernels")
+@pytest.mark.skipif(not NATIVE, reason="no AVX512-VNNI/AVX2 CPU or C compiler for the kernels")
 def test_int4_draft_runs_on_the_native_kernel_alone(tiny_llama_pair, monkeypatch):
     """Without aten's int4 kernel the int4 draft still builds (native kernel) and is exact."""
     target, draft = tiny_llama_pair
@@ -199,7 +199,7 @@ def test_fused_draft_same_hidden_state_either_attention_path(tiny_qwen2_pair, mo
     torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.02)
 
 
-@pytest.mark.skipif(not NATIVE, reason="no AVX512-VNNI CPU or C compiler for the native kernels")
+@pytest.mark.skipif(not NATIVE, reason="no AVX512-VNNI/AVX2 CPU or C compiler for the kernels")
 @pytest.mark.parametrize("length", [1, 9, 40])
 @pytest.mark.parametrize("mode", ["int4-fused", "bf16-fused"])
 def test_native_layers_track_the_torch_layers(tiny_qwen2_pair, length, mode):

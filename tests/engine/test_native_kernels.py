@@ -16,7 +16,7 @@ from slimspec.cpu import native_kernels as nl
 
 LIB = nl.load()
 needs_lib = pytest.mark.skipif(
-    LIB is None, reason="no AVX512-VNNI CPU or C compiler for the native kernels"
+    LIB is None, reason="no AVX512-VNNI/AVX2 CPU or C compiler for the native kernels"
 )
 needs_bf16 = pytest.mark.skipif(
     not nl.bf16_available(), reason="no AVX512-BF16 CPU for the native bf16-weight kernel"
@@ -159,6 +159,41 @@ def test_cpu_flags_are_read_from_cpuinfo():
     assert not nl.cpu_supported("processor\t: 0\n")
     assert not nl.cpu_has_bf16(flags)
     assert nl.cpu_has_bf16(flags.replace(" sse", " avx512_bf16 sse"))
+
+
+def test_each_cpu_gets_the_widest_build_it_can_run():
+    avx512 = "flags\t\t: avx2 avx512f avx512bw avx512vl avx512_vnni f16c fma\n"
+    zen2 = "flags\t\t: sse4_2 avx avx2 f16c fma\n"  # AMD Zen 1-3, Intel Haswell..Ice Lake client
+    assert nl.build_for(avx512) == ("avx512-vnni", nl.CFLAGS)
+    assert nl.build_for(zen2) == ("avx2", nl.AVX2_CFLAGS)
+    assert nl.build_for(avx512.replace(" avx512_vnni", "")) == ("avx2", nl.AVX2_CFLAGS)
+    assert nl.cpu_supported(zen2)
+    assert nl.build_for("flags\t\t: sse4_2 avx\n") is None
+    assert nl.cflags(zen2) != nl.cflags(avx512)  # two libraries, two cache names
+
+
+@pytest.mark.skipif(
+    not nl.cpu_supported() or nl.build_for()[0] != "avx512-vnni",  # type: ignore[index]
+    reason="needs an AVX512-VNNI CPU to run both builds side by side",
+)
+@pytest.mark.parametrize("bits", nl.QUANT_BITS)
+def test_the_avx2_build_computes_the_avx512_builds_bits(fresh_load, bits):
+    """Same int8 activations, exact integer sums, the same float update per output:
+    an AVX2 node and an AVX512 node give a draft the same products."""
+    import ctypes
+
+    cc = nl._compiler()
+    assert cc is not None and LIB is not None
+    avx2_path = fresh_load / "avx2.so"
+    nl._build(cc, avx2_path, nl.AVX2_CFLAGS)
+    avx2 = nl._bind(ctypes.CDLL(str(avx2_path)))
+    gen = torch.Generator().manual_seed(bits)
+    w = torch.randn(72, 320, generator=gen) * 0.05
+    bias = torch.randn(72, generator=gen).bfloat16()
+    for m in (1, 3, 4, 5, 9):
+        x = torch.randn(m, 320, generator=gen).bfloat16()
+        want = nl.NativeLowBitLinear(w, bias, LIB, bits)(x)
+        assert torch.equal(nl.NativeLowBitLinear(w, bias, avx2, bits)(x), want)
 
 
 def test_switched_off_by_environment(fresh_load, monkeypatch):

@@ -22,7 +22,11 @@ from tests.engine.helpers import assert_equal_up_to_bf16_ties, prompts, target_g
 from tests.support.tiny_models import TINY_VOCAB, tiny_model
 
 needs_lib = pytest.mark.skipif(
-    native_kernels.load() is None, reason="no AVX512-VNNI CPU or C compiler for the kernels"
+    native_kernels.load() is None, reason="no AVX512-VNNI/AVX2 CPU or C compiler for the kernels"
+)
+needs_packing = pytest.mark.skipif(
+    not target_packing.packing_available(torch.bfloat16),
+    reason="oneDNN packs bf16 linears only with AVX512 or AVX-NE-CONVERT",
 )
 
 
@@ -93,6 +97,7 @@ def test_hands_what_it_does_not_cover_to_sdpa_unchanged(case, monkeypatch):
 
 
 @needs_lib
+@needs_packing
 def test_pack_target_switches_only_sdpa_models():
     model = tiny_model("qwen2", seed=4).to(torch.bfloat16)
     plain = copy.deepcopy(model)
@@ -107,6 +112,7 @@ def test_pack_target_switches_only_sdpa_models():
 
 
 @needs_lib
+@needs_packing
 def test_speculative_greedy_equals_the_packed_targets_own_greedy():
     """With the native attention in the packed target, greedy speculative output is the
     packed target's own greedy decoding (bf16: up to near-ties, as test_cpu_pack)."""

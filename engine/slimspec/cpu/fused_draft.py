@@ -92,7 +92,7 @@ def check_supported(model: Any, mode: str = "int8-fused") -> None:
     if mode == "int4-fused" and not int4pack_available() and native_kernels.load() is None:
         raise ValueError(
             "draft_quantization='int4-fused' needs torch.ops.aten._weight_int4pack_mm_for_cpu "
-            f"(this torch build, {torch.__version__}, lacks it) or the native AVX512-VNNI "
+            f"(this torch build, {torch.__version__}, lacks it) or the native AVX512-VNNI or AVX2 "
             "kernels (native_kernels.py: not available on this CPU/compiler); use 'int8-fused'"
         )
 

@@ -1,4 +1,4 @@
-"""Native CPU kernels for the fused drafts (AVX512-VNNI), built on first use.
+"""Native CPU kernels for the fused drafts (AVX512-VNNI or AVX2), built on first use.
 
 - `NativeLowBitLinear`: int4/int8-weight matmuls (and bf16-weight ones where the CPU
   has AVX512-BF16), optionally with the RMSNorm or SiLU gate before them and the
@@ -10,8 +10,11 @@
 
 Why: on a CPU without AMX, aten's low-bit kernels dequantise every weight before
 multiplying (compute-bound) or cost much per call, while quantising the few activation
-rows to int8 lets vpdpbusd multiply at about the speed of reading the weights (how:
-csrc/draft_kernels.c; measurements: docs/engine.md, benchmark section).
+rows to int8 lets vpdpbusd (AVX512-VNNI) or vpmaddubsw + vpmaddwd (AVX2) multiply at
+about the speed of reading the weights (how: csrc/draft_kernels.c; measurements:
+docs/engine.md, benchmark section). `cflags()` picks the build for the CPU: AVX512-VNNI
+where it has it (Intel since Cascade Lake, AMD Zen 4), else AVX2/FMA/F16C (every
+x86-64 CPU of the last decade), so no such CPU is left on aten's kernels.
 
 The C file is compiled once per source and compiler into $SLIMSPEC_CACHE/kernels with
 the system C compiler (no torch headers) and loaded with ctypes; a library built ahead
@@ -19,7 +22,9 @@ of time for this very source in $SLIMSPEC_KERNELS_DIR (the engine image's, whose
 runtime has no compiler) is loaded instead. It links libgomp by soname, so it shares
 torch's OpenMP runtime and thread count. Where it cannot run (no AVX512-VNNI, neither
 a compiler nor a prebuilt library, a failed self-check, or SLIMSPEC_NATIVE_KERNELS=0)
-`load()` returns None and the drafts use aten's kernels (and the target SDPA). The
+`load()` returns None and the drafts use aten's kernels (and the target SDPA).
+Either build computes the same int8 products; the bf16-weight kernel is AVX512-BF16
+only. The
 drafts' numerics only move acceptance; the target uses only the attention kernel,
 whose bf16 rounding differs from SDPA's as multi-token verification's does (fp32
 targets keep SDPA), so the fp32 output stays exact.
@@ -54,7 +59,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "draft_kernels.c"
 BITS = (*QUANT_BITS, 16)  # 16: bf16 weights, where the CPU has AVX512-BF16
-CFLAGS = (
+CFLAGS = (  # the AVX512-VNNI build
     "-O3",
     "-mavx512f",
     "-mavx512bw",
@@ -65,6 +70,10 @@ CFLAGS = (
     "-fopenmp",
 )
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+AVX2_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
+AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
+# (name, flags, the CPU flags the build needs), the first that the CPU has wins
+BUILDS = (("avx512-vnni", CFLAGS, REQUIRED_CPU_FLAGS), ("avx2", AVX2_CFLAGS, AVX2_CPU_FLAGS))
 BF16_CPU_FLAG = "avx512_bf16"
 ENV_SWITCH = "SLIMSPEC_NATIVE_KERNELS"
 # Libraries compiled ahead of time for this source (the engine image's build stage; its
@@ -83,10 +92,30 @@ class _Decided(TypedDict, total=False):
 _loaded: _Decided = {}
 
 
-def cpu_supported(cpuinfo: str | None = None) -> bool:
-    """True when the CPU reports every AVX512 extension the kernel is compiled for."""
+def build_for(cpuinfo: str | None = None) -> tuple[str, tuple[str, ...]] | None:
+    """(name, compiler flags) of the build this CPU runs, or None where none can."""
     flags = clib.cpu_flags(cpuinfo)
-    return all(f in flags for f in REQUIRED_CPU_FLAGS)
+    for name, cflags, needed in BUILDS:
+        if all(f in flags for f in needed):
+            return name, cflags
+    return None
+
+
+def cflags(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """The compiler flags of this CPU's build (the AVX512 ones where none runs)."""
+    found = build_for(cpuinfo)
+    return CFLAGS if found is None else found[1]
+
+
+def path() -> str:
+    """Which build the drafts run here ('avx512-vnni', 'avx2'), or 'off' (aten)."""
+    found = build_for()
+    return found[0] if found is not None and load() is not None else "off"
+
+
+def cpu_supported(cpuinfo: str | None = None) -> bool:
+    """True when the CPU has what one of the builds is compiled for."""
+    return build_for(cpuinfo) is not None
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
@@ -98,22 +127,24 @@ def _compiler() -> str | None:
     return clib.compiler()
 
 
-def library_path(cc: str) -> Path:
-    """Where the build for this source and compiler lives (a new source builds anew)."""
-    return clib.library_path(SOURCE, cc, CFLAGS)
+def library_path(cc: str, flags: tuple[str, ...] | None = None) -> Path:
+    """Where the build for this source, compiler and flags (default: this CPU's) lives
+    (a new source builds anew)."""
+    return clib.library_path(SOURCE, cc, cflags() if flags is None else flags)
 
 
-def prebuilt_name() -> str:
-    """The file name of an ahead-of-time build of this source and flags (clib.prebuilt_name)."""
-    return clib.prebuilt_name(SOURCE, CFLAGS)
+def prebuilt_name(flags: tuple[str, ...] | None = None) -> str:
+    """The file name of an ahead-of-time build of this source and flags (default: this
+    CPU's; clib.prebuilt_name)."""
+    return clib.prebuilt_name(SOURCE, cflags() if flags is None else flags)
 
 
 def _prebuilt() -> Path | None:
-    return clib.prebuilt(SOURCE, CFLAGS)
+    return clib.prebuilt(SOURCE, cflags())
 
 
-def _build(cc: str, out: Path) -> None:
-    clib.build(cc, SOURCE, CFLAGS, out)
+def _build(cc: str, out: Path, flags: tuple[str, ...] | None = None) -> None:
+    clib.build(cc, SOURCE, cflags() if flags is None else flags, out)
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -164,12 +195,15 @@ def load() -> ctypes.CDLL | None:
 
 
 def bf16_available() -> bool:
-    """True when `load()` works and its bf16-weight kernel runs here (AVX512-BF16, and
-    it agreed with the reference)."""
+    """True when `load()` works and its bf16-weight kernel runs here (the AVX512 build
+    on a CPU with AVX512-BF16, and it agreed with the reference)."""
     lib = load()
     with _lock:
         if "bf16" not in _loaded:
-            _loaded["bf16"] = bool(lib is not None and cpu_has_bf16() and _self_check(lib, 16))
+            avx512 = cflags() == CFLAGS
+            _loaded["bf16"] = bool(
+                lib is not None and avx512 and cpu_has_bf16() and _self_check(lib, 16)
+            )
             if lib is not None and not _loaded["bf16"]:
                 log.info("native bf16-weight kernel off: no AVX512-BF16 (or its self-check)")
         return bool(_loaded["bf16"])
@@ -179,7 +213,11 @@ def _load_uncached() -> ctypes.CDLL | None:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None
     if not cpu_supported():
-        log.info("native low-bit kernels off: the CPU lacks one of %s", REQUIRED_CPU_FLAGS)
+        log.info(
+            "native low-bit kernels off: the CPU has neither %s nor %s",
+            REQUIRED_CPU_FLAGS,
+            AVX2_CPU_FLAGS,
+        )
         return None
     path, cc = _prebuilt(), _compiler()
     if path is None and cc is None:
@@ -205,6 +243,7 @@ def _load_uncached() -> ctypes.CDLL | None:
     if not (all(_self_check(lib, b) for b in QUANT_BITS) and _attention_self_check(lib)):
         log.warning("native low-bit kernels off: the self-check disagreed with the reference")
         return None
+    log.info("native low-bit kernels: the %s build", (build_for() or ("?",))[0])
     return lib
 
 

@@ -1,8 +1,10 @@
-// Low-bit-weight x int8-activation matrix products for the draft (AVX512-VNNI), and
-// bf16-weight products (AVX512-BF16) for the unquantised "bf16-fused" draft. Why they
-// exist: native_kernels.py. The activation rows are quantised to int8 (one scale per
-// group of 64, as llama.cpp's Q8 blocks) so that vpdpbusd multiplies 64 unsigned
-// weights by 64 signed activations in one instruction.
+// Low-bit-weight x int8-activation matrix products for the draft, and bf16-weight
+// products (AVX512-BF16) for the unquantised "bf16-fused" draft. Why they exist:
+// native_kernels.py. The activation rows are quantised to int8 (one scale per group of
+// 64, as llama.cpp's Q8 blocks) so that vpdpbusd multiplies 64 unsigned weights by 64
+// signed activations in one instruction. One source, two builds (native_kernels.py
+// picks by CPU): AVX512-VNNI, and AVX2 (+FMA, F16C) with vpmaddubsw + vpmaddwd in
+// place of vpdpbusd on the same weight layout (no bf16-weight kernel there).
 //
 // Weights: asymmetric groups of 64 inputs, w = u * scale + low with u in 0..15 (bits
 // = 4) or 0..255 (bits = 8); bits = 16: the bf16 weights themselves. Layout (built by
@@ -28,7 +30,6 @@
 #define GROUP 64
 #define MCHUNK 4            // activation rows per pass over a bf16 weight block
 #define ROWS 4              // weight rows per bf16 block
-#define LOWBIT_MCHUNK 8     // activation rows per pass over a low-bit block
 #define LOWBIT_ROWS 16      // weight rows per low-bit block: one int32 lane each
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024 // software prefetch distance in the weight stream
@@ -48,6 +49,29 @@ static inline uint16_t f32_to_bf16(float f) {
     bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
     return (uint16_t)(bits >> 16);
 }
+
+
+enum { PROLOGUE_NONE = 0, PROLOGUE_RMSNORM = 1, PROLOGUE_SILU_GATE = 2 };
+
+// y[m][n0 + r] = v (+ bias), or += v when accumulating (a residual add in place).
+static inline void store_out(uint16_t *y, int64_t n_out, int64_t m, int64_t n, float v,
+                             const uint16_t *bias, int accumulate) {
+    v += bias ? bf16_to_f32(bias[n]) : 0.0f;
+    uint16_t *dst = y + m * n_out + n;
+    *dst = f32_to_bf16(accumulate ? bf16_to_f32(*dst) + v : v);
+}
+
+static inline __attribute__((always_inline)) void prefetch_group(const uint8_t *wg,
+                                                                 int64_t bytes) {
+    for (int64_t line = 0; line < bytes; line += 64)
+        _mm_prefetch((const char *)(wg + PREFETCH_BYTES + line), _MM_HINT_T0);
+}
+
+
+#if defined(__AVX512VNNI__)
+// ------------------------------------------------------------- AVX512-VNNI (+ BF16)
+#define HAVE_BF16_KERNEL 1
+#define LOWBIT_MCHUNK 8  // activation rows per pass over a low-bit block
 
 // 16 bf16 values -> 16 floats.
 static inline __m512 load16_bf16(const uint16_t *p) {
@@ -78,8 +102,6 @@ static inline __m512 exp_nonpositive(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
-
-enum { PROLOGUE_NONE = 0, PROLOGUE_RMSNORM = 1, PROLOGUE_SILU_GATE = 2 };
 
 // The matmul's input row m as float, after the optional prologue (k a multiple of 16):
 // RMSNORM: x * rsqrt(mean(x^2) + eps) * norm_w (Llama/Qwen2 RMSNorm; x has k columns);
@@ -154,20 +176,6 @@ static void bf16_rows(const uint16_t *x, int64_t m_rows, int64_t k, int prologue
         input_row(x, m, k, prologue, norm_w, eps, v);
         for (int64_t j = 0; j < k; j += 16) store16_bf16(xb + m * k + j, _mm512_loadu_ps(v + j));
     }
-}
-
-// y[m][n0 + r] = v (+ bias), or += v when accumulating (a residual add in place).
-static inline void store_out(uint16_t *y, int64_t n_out, int64_t m, int64_t n, float v,
-                             const uint16_t *bias, int accumulate) {
-    v += bias ? bf16_to_f32(bias[n]) : 0.0f;
-    uint16_t *dst = y + m * n_out + n;
-    *dst = f32_to_bf16(accumulate ? bf16_to_f32(*dst) + v : v);
-}
-
-static inline __attribute__((always_inline)) void prefetch_group(const uint8_t *wg,
-                                                                 int64_t bytes) {
-    for (int64_t line = 0; line < bytes; line += 64)
-        _mm_prefetch((const char *)(wg + PREFETCH_BYTES + line), _MM_HINT_T0);
 }
 
 // 16 results of row m (one block of outputs, the first `valid` of them real) plus the
@@ -280,7 +288,7 @@ block_bf16(const uint16_t *wblk, int64_t n0, int64_t k, const uint16_t *xb, int6
         default: CALL(MCHUNK); break;  \
     }
 
-#define BY_CHUNK8(CALL)                \
+#define BY_LOWBIT_CHUNK(CALL)                \
     switch (mc) {                      \
         case 1: CALL(1); break;        \
         case 2: CALL(2); break;        \
@@ -304,97 +312,6 @@ __attribute__((target("avx512bf16"))) static void gemm_bf16_blocks(
 #define CALL(MC) block_bf16(wblk, blk * ROWS, k, xb, m0, MC, bias, y, n_out, accumulate)
             BY_CHUNK(CALL)
 #undef CALL
-        }
-    }
-}
-
-// y (m_rows, n_out) = prologue(x) (m_rows, k) @ W.T (+ bias), or y += that when
-// accumulate (a residual add in place); k a multiple of 64, n_out of 4 (the first
-// n_out rows of the packed weights), bits 4, 8 or 16 (16 only where the CPU has
-// AVX512-BF16: native_kernels.py checks).
-// Returns 0, -1 when the scratch buffers cannot be allocated, -2 for bad arguments.
-int lowbit_gemm_bf16(const uint16_t *x, int64_t m_rows, int64_t k, const uint8_t *wq,
-                     const uint16_t *scale, const uint16_t *low, int64_t n_out,
-                     const uint16_t *bias, uint16_t *y, int bits, int prologue,
-                     const uint16_t *norm_w, float eps, int accumulate) {
-    if ((bits != 4 && bits != 8 && bits != 16) || k % GROUP || n_out % ROWS || m_rows < 1)
-        return -2;
-    if (prologue < PROLOGUE_NONE || prologue > PROLOGUE_SILU_GATE) return -2;
-    if (prologue == PROLOGUE_RMSNORM && !norm_w) return -2;
-    if (bits != 16 && (!scale || !low)) return -2;
-    int64_t groups = k / GROUP;
-    float *v = (float *)malloc(sizeof(float) * (size_t)k);
-    if (!v) return -1;
-    if (bits == 16) {
-        uint16_t *xb = (uint16_t *)aligned_alloc(64, (size_t)(m_rows * k * 2 + 64));
-        if (!xb) {
-            free(v);
-            return -1;
-        }
-        bf16_rows(x, m_rows, k, prologue, norm_w, eps, v, xb);
-        free(v);
-        gemm_bf16_blocks(xb, m_rows, k, (const uint16_t *)wq, n_out, bias, y, accumulate);
-        free(xb);
-        return 0;
-    }
-    int8_t *xq = (int8_t *)aligned_alloc(64, (size_t)(m_rows * k + 64));
-    float *xs = (float *)malloc(sizeof(float) * (size_t)(m_rows * groups));
-    float *xsum = (float *)malloc(sizeof(float) * (size_t)(m_rows * groups));
-    if (!xq || !xs || !xsum) {
-        free(xq);
-        free(xs);
-        free(xsum);
-        free(v);
-        return -1;
-    }
-    quantize_rows(x, m_rows, k, prologue, norm_w, eps, v, xq, xs, xsum);
-    free(v);
-    int64_t blocks = (n_out + LOWBIT_ROWS - 1) / LOWBIT_ROWS;
-#pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const uint8_t *wblk = wq + blk * LOWBIT_ROWS * (k * bits / 8);
-        const uint16_t *sblk = scale + blk * LOWBIT_ROWS * groups;
-        const uint16_t *lblk = low + blk * LOWBIT_ROWS * groups;
-        int64_t n0 = blk * LOWBIT_ROWS;
-        int valid = (int)(n_out - n0 < LOWBIT_ROWS ? n_out - n0 : LOWBIT_ROWS);
-        for (int64_t m0 = 0; m0 < m_rows; m0 += LOWBIT_MCHUNK) {
-            int64_t mc = m_rows - m0 < LOWBIT_MCHUNK ? m_rows - m0 : LOWBIT_MCHUNK;
-            // constant bits and mc: the compiler keeps the accumulators in registers
-#define CALL4(MC) block_lowbit(4, wblk, sblk, lblk, n0, valid, k, xq, xs, xsum, m0, MC, \
-                               bias, y, n_out, accumulate)
-#define CALL8(MC) block_lowbit(8, wblk, sblk, lblk, n0, valid, k, xq, xs, xsum, m0, MC, \
-                               bias, y, n_out, accumulate)
-            if (bits == 4) {
-                BY_CHUNK8(CALL4)
-            } else {
-                BY_CHUNK8(CALL8)
-            }
-#undef CALL4
-#undef CALL8
-        }
-    }
-    free(xq);
-    free(xs);
-    free(xsum);
-    return 0;
-}
-
-// RoPE in place on the first n_heads heads of each of m_rows rows (row stride `stride`
-// elements, head_dim d): x * cos + rotate_half(x) * sin, cos/sin (m_rows, d) bf16, as
-// HF's apply_rotary_pos_emb.
-void rope_bf16(uint16_t *x, int64_t m_rows, int64_t stride, int64_t n_heads, int64_t d,
-               const uint16_t *cos, const uint16_t *sin) {
-    int64_t half = d / 2;
-    for (int64_t m = 0; m < m_rows; m++) {
-        const uint16_t *c = cos + m * d, *s = sin + m * d;
-        for (int64_t h = 0; h < n_heads; h++) {
-            uint16_t *row = x + m * stride + h * d;
-            for (int64_t j = 0; j < half; j++) {
-                float x1 = bf16_to_f32(row[j]), x2 = bf16_to_f32(row[j + half]);
-                row[j] = f32_to_bf16(x1 * bf16_to_f32(c[j]) - x2 * bf16_to_f32(s[j]));
-                row[j + half] =
-                    f32_to_bf16(x2 * bf16_to_f32(c[j + half]) + x1 * bf16_to_f32(s[j + half]));
-            }
         }
     }
 }
@@ -472,6 +389,392 @@ int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const
     return failed ? -1 : 0;
 }
 
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// ------------------------------------------------------------------ AVX2 + FMA + F16C
+// Every x86-64 CPU of the last decade (AMD Zen 1-3, Intel since Haswell). The same
+// layout and the same arithmetic as the AVX512 path: vpmaddubsw multiplies the unsigned
+// weights by the signed activations in pairs (int16) and vpmaddwd adds the pairs into
+// int32 lanes, which is vpdpbusd split in two. int16 cannot overflow: |u * x| <= 15 *
+// 127 per product, so a pair is <= 3810 and eight pairs summed before widening <= 30480
+// (int8 weights are split into their two nibbles for this, the high one weighted 16).
+// A 64-byte vector of a block holds rows 0-7 in its first 32 bytes and rows 8-15 in
+// the others: each half-block is one pass with eight int32 lanes. The per-group float
+// update is the AVX512 path's, lane for lane, so both paths give the same products.
+
+#define LOWBIT_MCHUNK 4  // activation rows per pass: 16 ymm registers hold 4 rows' sums
+
+static inline __m256 load8_bf16(const uint16_t *p) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// 8 floats -> 8 bf16, rounded to nearest even (finite inputs).
+static inline __m128i to8_bf16(__m256 v) {
+    __m256i bits = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    bits = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+    __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(bits, 16), _mm256_setzero_si256());
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));  // lanes 0, 2
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline int32_t hsum8_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+
+static inline __m256 abs8(__m256 v) {
+    return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+
+// exp for x <= 0, as the AVX512 path's (2^n built in the exponent bits: n >= -126).
+static inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.69314718f), x);
+    __m256 p = _mm256_set1_ps(1.0f / 120.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// The matmul's input row m as float after the optional prologue (see the AVX512 path).
+static void input_row(const uint16_t *x, int64_t m, int64_t k, int prologue,
+                      const uint16_t *norm_w, float eps, float *v) {
+    const __m256 zero = _mm256_setzero_ps();
+    if (prologue == PROLOGUE_SILU_GATE) {
+        const uint16_t *gate = x + m * 2 * k, *up = gate + k;
+        const __m256 one = _mm256_set1_ps(1.0f);
+        for (int64_t j = 0; j < k; j += 8) {
+            __m256 g = load8_bf16(gate + j);
+            __m256 e = exp_nonpositive(_mm256_sub_ps(zero, abs8(g)));
+            __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+            __m256 sig = _mm256_blendv_ps(r, _mm256_mul_ps(r, e), _mm256_cmp_ps(g, zero, _CMP_LT_OQ));
+            _mm256_storeu_ps(v + j, _mm256_mul_ps(_mm256_mul_ps(g, sig), load8_bf16(up + j)));
+        }
+        return;
+    }
+    const uint16_t *src = x + m * k;
+    __m256 ss = zero;
+    for (int64_t j = 0; j < k; j += 8) {
+        __m256 a = load8_bf16(src + j);
+        ss = _mm256_fmadd_ps(a, a, ss);
+        _mm256_storeu_ps(v + j, a);
+    }
+    if (prologue == PROLOGUE_RMSNORM) {
+        __m256 r = _mm256_set1_ps(1.0f / sqrtf(hsum8(ss) / (float)k + eps));
+        for (int64_t j = 0; j < k; j += 8)
+            _mm256_storeu_ps(v + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(v + j), r),
+                                                  load8_bf16(norm_w + j)));
+    }
+}
+
+// As the AVX512 path's quantize_rows: the same int8 values, scales and sums.
+static void quantize_rows(const uint16_t *x, int64_t m_rows, int64_t k, int prologue,
+                          const uint16_t *norm_w, float eps, float *v, int8_t *xq, float *xs,
+                          float *xsum) {
+    int64_t groups = k / GROUP;
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo the packs' lanes
+    for (int64_t m = 0; m < m_rows; m++) {
+        input_row(x, m, k, prologue, norm_w, eps, v);
+        for (int64_t g = 0; g < groups; g++) {
+            const float *src = v + g * GROUP;
+            __m256 a[8], amax = _mm256_setzero_ps();
+            for (int c = 0; c < 8; c++) {
+                a[c] = _mm256_loadu_ps(src + 8 * c);
+                amax = _mm256_max_ps(amax, abs8(a[c]));
+            }
+            float scale = hmax8(amax) / 127.0f;
+            __m256 inv = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+            __m256i q[8], isum = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                q[c] = _mm256_cvtps_epi32(_mm256_mul_ps(a[c], inv));
+                isum = _mm256_add_epi32(isum, q[c]);
+            }
+            int8_t *dst = xq + m * k + g * GROUP;
+            for (int c = 0; c < 8; c += 4) {  // saturating packs, as vpmovsdb
+                __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[c], q[c + 1]),
+                                               _mm256_packs_epi32(q[c + 2], q[c + 3]));
+                _mm256_storeu_si256((__m256i *)(dst + 8 * c), _mm256_permutevar8x32_epi32(b, order));
+            }
+            xs[m * groups + g] = scale;
+            xsum[m * groups + g] = scale * (float)hsum8_epi32(isum);
+        }
+    }
+}
+
+// 8 results of row m (the first `valid` of them real) plus the bias, stored as bf16 or
+// added to what y holds; the same rounding as store_out.
+static inline void store_block8(uint16_t *y, int64_t n_out, int64_t m, int64_t n0, int valid,
+                                __m256 v, const uint16_t *bias, int accumulate) {
+    uint16_t *dst = y + m * n_out + n0;
+    if (valid >= 8) {
+        if (bias) v = _mm256_add_ps(v, load8_bf16(bias + n0));
+        if (accumulate) v = _mm256_add_ps(load8_bf16(dst), v);
+        _mm_storeu_si128((__m128i *)dst, to8_bf16(v));
+        return;
+    }
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    for (int r = 0; r < valid; r++) store_out(y, n_out, m, n0 + r, t[r], bias, accumulate);
+}
+
+// Low-bit weights, 16 rows per block as two passes of 8 (see the section comment).
+static inline __attribute__((always_inline)) void block_lowbit(
+    const int bits, const uint8_t *wblk, const uint16_t *sblk, const uint16_t *lblk,
+    int64_t n0, int valid, int64_t k, const int8_t *xq, const float *xs, const float *xsum,
+    int64_t m0, const int64_t mc, const uint16_t *bias, uint16_t *y, int64_t n_out,
+    int accumulate) {
+    const int64_t groups = k / GROUP;
+    const int64_t group_bytes = LOWBIT_ROWS * GROUP * bits / 8;
+    const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i sixteen = _mm256_set1_epi16(16);
+    for (int h = 0; h < 2 && 8 * h < valid; h++) {
+        __m256 acc[LOWBIT_MCHUNK];
+        for (int i = 0; i < LOWBIT_MCHUNK; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *wg = wblk + g * group_bytes;
+            if (h == 0) prefetch_group(wg, group_bytes);
+            wg += 32 * h;
+            const int8_t *xg = xq + g * GROUP;
+            __m256i dot[LOWBIT_MCHUNK];
+            for (int i = 0; i < LOWBIT_MCHUNK; i++) dot[i] = _mm256_setzero_si256();
+            // int16 sums over 4 vectors (bits 4: 8 pairs) or 8 (bits 8: 8 pairs a nibble)
+            const int span = bits == 4 ? 4 : 8;
+            for (int p0 = 0; p0 < 2 * bits; p0 += span) {
+                __m256i lo16[LOWBIT_MCHUNK], hi16[LOWBIT_MCHUNK];
+                for (int i = 0; i < LOWBIT_MCHUNK; i++) lo16[i] = hi16[i] = _mm256_setzero_si256();
+                for (int p = p0; p < p0 + span; p++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(wg + 64 * p));
+                    __m256i lo = _mm256_and_si256(w, nib);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
+                    for (int64_t i = 0; i < mc; i++) {
+                        const int8_t *xr = xg + (m0 + i) * k + 4 * p;
+                        int32_t a;
+                        memcpy(&a, xr, 4);
+                        __m256i av = _mm256_set1_epi32(a);
+                        if (bits == 4) {  // high nibbles meet inputs 32 + 4p..
+                            int32_t b;
+                            memcpy(&b, xr + 32, 4);
+                            lo16[i] = _mm256_add_epi16(
+                                lo16[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, av),
+                                                          _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b))));
+                        } else {  // u = lo + 16 * hi, both meeting inputs 4p..
+                            lo16[i] = _mm256_add_epi16(lo16[i], _mm256_maddubs_epi16(lo, av));
+                            hi16[i] = _mm256_add_epi16(hi16[i], _mm256_maddubs_epi16(hi, av));
+                        }
+                    }
+                }
+                for (int64_t i = 0; i < mc; i++) {
+                    dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(lo16[i], ones));
+                    if (bits == 8)
+                        dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(hi16[i], sixteen));
+                }
+            }
+            __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sblk + g * LOWBIT_ROWS + 8 * h)));
+            __m256 l8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(lblk + g * LOWBIT_ROWS + 8 * h)));
+            for (int64_t i = 0; i < mc; i++) {
+                int64_t mg = (m0 + i) * groups + g;
+                __m256 sx = _mm256_mul_ps(s8, _mm256_set1_ps(xs[mg]));
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), sx, acc[i]);
+                acc[i] = _mm256_fmadd_ps(l8, _mm256_set1_ps(xsum[mg]), acc[i]);
+            }
+        }
+        for (int64_t i = 0; i < mc; i++)
+            store_block8(y, n_out, m0 + i, n0 + 8 * h, valid - 8 * h, acc[i], bias, accumulate);
+    }
+}
+
+#define BY_LOWBIT_CHUNK(CALL)          \
+    switch (mc) {                      \
+        case 1: CALL(1); break;        \
+        case 2: CALL(2); break;        \
+        case 3: CALL(3); break;        \
+        default: CALL(LOWBIT_MCHUNK); break; \
+    }
+
+// Softmax attention for a few query tokens (see the AVX512 path for the arguments).
+int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
+                   const uint8_t *allowed, int64_t b_rows, int64_t hq, int64_t hkv, int64_t t_len,
+                   int64_t l_len, int64_t d, float scale, uint16_t *out) {
+    if (d % 16 || d > 256 || hkv < 1 || hq % hkv || l_len < 1) return -2;
+    int64_t group = hq / hkv, tasks = b_rows * hq, chunks = d / 8;
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t b = task / hq, h = task % hq, kvh = h / group;
+        float *p = (float *)malloc(sizeof(float) * (size_t)(l_len + 8));
+        if (!p) {
+            failed = 1;
+            continue;
+        }
+        const uint16_t *kb = k + (b * hkv + kvh) * l_len * d;
+        const uint16_t *vb = v + (b * hkv + kvh) * l_len * d;
+        for (int64_t t = 0; t < t_len; t++) {
+            const uint16_t *qr = q + (b * t_len + t) * q_stride + h * d;
+            const uint8_t *ok = allowed + (b * t_len + t) * l_len;
+            __m256 qv[32];
+            for (int64_t c = 0; c < chunks; c++) qv[c] = load8_bf16(qr + 8 * c);
+            float mx = -INFINITY;
+            for (int64_t l = 0; l < l_len; l++) {
+                if (!ok[l]) {
+                    p[l] = -INFINITY;
+                    continue;
+                }
+                __m256 acc = _mm256_setzero_ps();
+                for (int64_t c = 0; c < chunks; c++)
+                    acc = _mm256_fmadd_ps(qv[c], load8_bf16(kb + l * d + 8 * c), acc);
+                p[l] = hsum8(acc) * scale;
+                mx = p[l] > mx ? p[l] : mx;
+            }
+            __m256 sum = _mm256_setzero_ps(), mxv = _mm256_set1_ps(mx);
+            const __m256 ninf = _mm256_set1_ps(-INFINITY);
+            int64_t l = 0;
+            for (; l + 8 <= l_len; l += 8) {
+                __m256 s = _mm256_loadu_ps(p + l);
+                __m256 keep = _mm256_cmp_ps(s, ninf, _CMP_NEQ_OQ);
+                __m256 e = _mm256_and_ps(keep, exp_nonpositive(_mm256_sub_ps(s, mxv)));
+                _mm256_storeu_ps(p + l, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            float total = hsum8(sum);
+            for (; l < l_len; l++) {
+                p[l] = p[l] == -INFINITY ? 0.0f : expf(p[l] - mx);
+                total += p[l];
+            }
+            float inv = total > 0.0f ? 1.0f / total : 0.0f;  // no allowed key: zeros
+            __m256 o[32];
+            for (int64_t c = 0; c < chunks; c++) o[c] = _mm256_setzero_ps();
+            for (int64_t j = 0; j < l_len; j++) {
+                if (p[j] == 0.0f) continue;  // masked (or underflowed) keys
+                __m256 w = _mm256_set1_ps(p[j] * inv);
+                for (int64_t c = 0; c < chunks; c++)
+                    o[c] = _mm256_fmadd_ps(w, load8_bf16(vb + j * d + 8 * c), o[c]);
+            }
+            uint16_t *dst = out + (b * t_len + t) * hq * d + h * d;
+            for (int64_t c = 0; c < chunks; c++) _mm_storeu_si128((__m128i *)(dst + 8 * c), to8_bf16(o[c]));
+        }
+        free(p);
+    }
+    return failed ? -1 : 0;
+}
+
+#else
+#error "build with -mavx512vnni (and its AVX512 flags) or with -mavx2 -mfma -mf16c"
+#endif  // AVX512-VNNI or AVX2
+
+// y (m_rows, n_out) = prologue(x) (m_rows, k) @ W.T (+ bias), or y += that when
+// accumulate (a residual add in place); k a multiple of 64, n_out of 4 (the first
+// n_out rows of the packed weights), bits 4, 8 or 16 (16 only where the CPU has
+// AVX512-BF16: native_kernels.py checks).
+// Returns 0, -1 when the scratch buffers cannot be allocated, -2 for bad arguments.
+int lowbit_gemm_bf16(const uint16_t *x, int64_t m_rows, int64_t k, const uint8_t *wq,
+                     const uint16_t *scale, const uint16_t *low, int64_t n_out,
+                     const uint16_t *bias, uint16_t *y, int bits, int prologue,
+                     const uint16_t *norm_w, float eps, int accumulate) {
+    if ((bits != 4 && bits != 8 && bits != 16) || k % GROUP || n_out % ROWS || m_rows < 1)
+        return -2;
+    if (prologue < PROLOGUE_NONE || prologue > PROLOGUE_SILU_GATE) return -2;
+    if (prologue == PROLOGUE_RMSNORM && !norm_w) return -2;
+    if (bits != 16 && (!scale || !low)) return -2;
+    int64_t groups = k / GROUP;
+    float *v = (float *)malloc(sizeof(float) * (size_t)k);
+    if (!v) return -1;
+    if (bits == 16) {
+#if defined(HAVE_BF16_KERNEL)
+        uint16_t *xb = (uint16_t *)aligned_alloc(64, (size_t)(m_rows * k * 2 + 64));
+        if (!xb) {
+            free(v);
+            return -1;
+        }
+        bf16_rows(x, m_rows, k, prologue, norm_w, eps, v, xb);
+        free(v);
+        gemm_bf16_blocks(xb, m_rows, k, (const uint16_t *)wq, n_out, bias, y, accumulate);
+        free(xb);
+        return 0;
+#else
+        free(v);
+        return -2;  // the AVX2 build has no bf16-weight kernel
+#endif
+    }
+    int8_t *xq = (int8_t *)aligned_alloc(64, (size_t)(m_rows * k + 64));
+    float *xs = (float *)malloc(sizeof(float) * (size_t)(m_rows * groups));
+    float *xsum = (float *)malloc(sizeof(float) * (size_t)(m_rows * groups));
+    if (!xq || !xs || !xsum) {
+        free(xq);
+        free(xs);
+        free(xsum);
+        free(v);
+        return -1;
+    }
+    quantize_rows(x, m_rows, k, prologue, norm_w, eps, v, xq, xs, xsum);
+    free(v);
+    int64_t blocks = (n_out + LOWBIT_ROWS - 1) / LOWBIT_ROWS;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const uint8_t *wblk = wq + blk * LOWBIT_ROWS * (k * bits / 8);
+        const uint16_t *sblk = scale + blk * LOWBIT_ROWS * groups;
+        const uint16_t *lblk = low + blk * LOWBIT_ROWS * groups;
+        int64_t n0 = blk * LOWBIT_ROWS;
+        int valid = (int)(n_out - n0 < LOWBIT_ROWS ? n_out - n0 : LOWBIT_ROWS);
+        for (int64_t m0 = 0; m0 < m_rows; m0 += LOWBIT_MCHUNK) {
+            int64_t mc = m_rows - m0 < LOWBIT_MCHUNK ? m_rows - m0 : LOWBIT_MCHUNK;
+            // constant bits and mc: the compiler keeps the accumulators in registers
+#define CALL4(MC) block_lowbit(4, wblk, sblk, lblk, n0, valid, k, xq, xs, xsum, m0, MC, \
+                               bias, y, n_out, accumulate)
+#define CALL8(MC) block_lowbit(8, wblk, sblk, lblk, n0, valid, k, xq, xs, xsum, m0, MC, \
+                               bias, y, n_out, accumulate)
+            if (bits == 4) {
+                BY_LOWBIT_CHUNK(CALL4)
+            } else {
+                BY_LOWBIT_CHUNK(CALL8)
+            }
+#undef CALL4
+#undef CALL8
+        }
+    }
+    free(xq);
+    free(xs);
+    free(xsum);
+    return 0;
+}
+
+// RoPE in place on the first n_heads heads of each of m_rows rows (row stride `stride`
+// elements, head_dim d): x * cos + rotate_half(x) * sin, cos/sin (m_rows, d) bf16, as
+// HF's apply_rotary_pos_emb.
+void rope_bf16(uint16_t *x, int64_t m_rows, int64_t stride, int64_t n_heads, int64_t d,
+               const uint16_t *cos, const uint16_t *sin) {
+    int64_t half = d / 2;
+    for (int64_t m = 0; m < m_rows; m++) {
+        const uint16_t *c = cos + m * d, *s = sin + m * d;
+        for (int64_t h = 0; h < n_heads; h++) {
+            uint16_t *row = x + m * stride + h * d;
+            for (int64_t j = 0; j < half; j++) {
+                float x1 = bf16_to_f32(row[j]), x2 = bf16_to_f32(row[j + half]);
+                row[j] = f32_to_bf16(x1 * bf16_to_f32(c[j]) - x2 * bf16_to_f32(s[j]));
+                row[j + half] =
+                    f32_to_bf16(x2 * bf16_to_f32(c[j + half]) + x1 * bf16_to_f32(s[j + half]));
+            }
+        }
+    }
+}
 // ---- whole draft layers in two calls (fused_draft.FusedDraftBase._native_layers)
 //
 // Why: one call per projection, plus RoPE, attention and the torch ops that move q, k
