@@ -92,6 +92,44 @@ def test_dequantised_rows_are_ggmls_values(ggml_type):
         gk.dequantize_rows(ggml_type, torch.from_numpy(blocks), 512, torch.tensor([20]))
 
 
+def test_every_finite_fp16_scale_converts_exactly():
+    """The fp16 block scales (F16C on the AVX2 build, a routine in portable C) become the
+    float32 values numpy gives, for all 63,488 finite halves, subnormals included."""
+    halves = np.arange(65536, dtype=np.uint16)
+    halves = halves[np.isfinite(halves.view(np.float16))]
+    raw = np.zeros((halves.size, 34), dtype=np.uint8)
+    raw[:, 0:2] = halves.view(np.uint8).reshape(-1, 2)
+    raw[:, 2] = 1  # value = d * 1
+    got = gk.dequantize_rows(gk.Q8_0, torch.from_numpy(raw), 32, torch.arange(halves.size))
+    want = halves.view(np.float16).astype(np.float32)
+    assert np.array_equal(got[:, 0].numpy().view(np.uint32), want.view(np.uint32))
+
+
+def reference_quantized(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """quantize_rows_q8 in numpy float32: dx = amax/127, q = rint(x * (127/amax))."""
+    m, k = x.shape
+    xb = x.reshape(m, k // block, block).astype(np.float32)
+    amax = np.abs(xb).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xb * inv[..., None]), -127, 127).astype(np.int8).reshape(m, k)
+    bsum = q.reshape(m, k // 16, 16).astype(np.int32).sum(-1).astype(np.int16)
+    return q, (amax / np.float32(127)).astype(np.float32), bsum
+
+
+@pytest.mark.parametrize("block", [32, 256])
+def test_activation_quantisation_is_the_reference_bit_for_bit(block):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 1024, generator=g) * torch.logspace(-3, 2, 1024)
+    x[1, :256] = 0.0  # an all-zero block
+    x[2, 7] = 2.5 * float(x[2, :block].abs().max())  # a block's amax at an odd place
+    q, dx, bsum = gk.quantize_rows(x, block)
+    want = reference_quantized(x.numpy(), block)
+    assert np.array_equal(q.numpy(), want[0])
+    assert np.array_equal(dx.numpy().view(np.uint32), want[1].view(np.uint32))
+    assert np.array_equal(bsum.numpy(), want[2])
+
+
 def test_q8_0_blocks_are_byte_for_byte_ggmls():
     w = torch.randn(24, 320) * 0.05
     w[3, :32] = 0.0  # an all-zero block: scale 0, values 0

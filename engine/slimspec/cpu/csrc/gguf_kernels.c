@@ -23,15 +23,16 @@
 // Activations: q8 (M, K) int8 in [-127, 127], dx (M, K/block) float scales,
 // bsum (M, K/16) int16 sums of 16 consecutive q8 values (the K-quants' offset terms).
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 enum { TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q6_K = 14 };  // ggml_type values
-enum { QK_K = 256, QK8_0 = 32, ROW_GROUP = 4, M_CHUNK = 32 };
+enum { QK_K = 256, QK8_0 = 32, ROW_GROUP = 8, M_CHUNK = 32 };
 
 typedef struct {
     uint16_t d, dmin;
@@ -49,6 +50,10 @@ typedef struct {
     int8_t qs[32];
 } block_q8_0;
 
+#if defined(__F16C__)
+// fp16 -> fp32 is exact, so the hardware conversion gives the software routine's bits.
+static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+#else
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0) {
@@ -71,6 +76,7 @@ static float half_to_float(uint16_t h) {
     memcpy(&f, &bits, 4);
     return f;
 }
+#endif
 
 int block_values(int type) {
     return type == TYPE_Q8_0 ? QK8_0 : (type == TYPE_Q4_K || type == TYPE_Q6_K) ? QK_K : 0;
@@ -88,32 +94,94 @@ int block_bytes(int type) {
 // Activation block size a weight type is multiplied with.
 int activation_block(int type) { return type == TYPE_Q8_0 ? QK8_0 : QK_K; }
 
+static inline float bf16_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// Round to nearest even, as torch's float -> bfloat16 conversion.
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Quantise one block of `block` (32 or 256) values, float32 (x_bf16 == 0) or bfloat16
+// (read exactly as float32): dx = amax / 127, q = round-to-even(x * 127 / amax) in
+// [-127, 127], bsum[g] = sum of q[16g .. 16g + 15]. The AVX2 code does the same float
+// operations per value (max is exact, cvtps2dq rounds to even as lrintf does).
+static void quantize_block(const void *x, int x_bf16, int block, int8_t *q, float *dx,
+                           int16_t *bsum) {
+    float xf[QK_K];
+    if (x_bf16) {
+        const uint16_t *h = (const uint16_t *)x;
+        for (int i = 0; i < block; i++) xf[i] = bf16_to_float(h[i]);
+    } else {
+        memcpy(xf, x, sizeof(float) * (size_t)block);
+    }
+#if defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 vmax = _mm256_setzero_ps();
+    for (int i = 0; i < block; i += 8)
+        vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xf + i)));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    float amax = 0.0f;
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, lanes[i]);
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *dx = amax / 127.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    for (int i = 0; i < block; i += 32) {
+        __m256i v[4];
+        for (int j = 0; j < 4; j++) {
+            const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xf + i + 8 * j), vid));
+            v[j] = _mm256_max_epi32(_mm256_min_epi32(r, hi), lo);
+        }
+        // packs interleave the 128-bit lanes; the permute puts the 32 values back in order
+        const __m256i p16a = _mm256_packs_epi32(v[0], v[1]), p16b = _mm256_packs_epi32(v[2], v[3]);
+        const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + i), p8);
+    }
+#else
+    float amax = 0.0f;
+    for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(xf[i]));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *dx = amax / 127.0f;
+    for (int i = 0; i < block; i++) {
+        int v = (int)lrintf(xf[i] * id);
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+#endif
+    for (int g = 0; g < block / 16; g++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++) s += q[g * 16 + i];
+        bsum[g] = (int16_t)s;
+    }
+}
+
+// The blocks of M rows (row stride lda values) shared among the calling team's threads.
+static void quantize_team(const void *x, int x_bf16, int64_t M, int64_t K, int64_t lda,
+                          int block, int8_t *q, float *dx, int16_t *bsum) {
+    const int64_t nb = K / block, esize = x_bf16 ? 2 : 4;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < M * nb; i++) {
+        const int64_t m = i / nb, b = i % nb;
+        quantize_block((const char *)x + (m * lda + b * block) * esize, x_bf16, block,
+                       q + m * K + b * block, dx + i, bsum + m * (K / 16) + b * (block / 16));
+    }
+}
+
 // Quantise M rows of K floats (row stride lda) to int8 in blocks of `block` values.
 int quantize_rows_q8(const float *x, int64_t M, int64_t K, int64_t lda, int block, int8_t *q,
                      float *dx, int16_t *bsum) {
     if ((block != 32 && block != 256) || K % block) return -1;
-    const int64_t nb = K / block;
-#pragma omp parallel for schedule(static) if (M > 1)
-    for (int64_t m = 0; m < M; m++) {
-        const float *xr = x + m * lda;
-        int8_t *qr = q + m * K;
-        for (int64_t b = 0; b < nb; b++) {
-            const float *xb = xr + b * block;
-            float amax = 0.0f;
-            for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(xb[i]));
-            const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            dx[m * nb + b] = d;
-            for (int i = 0; i < block; i++) {
-                int v = (int)lrintf(xb[i] * id);
-                qr[b * block + i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-            }
-        }
-        for (int64_t g = 0; g < K / 16; g++) {
-            int s = 0;
-            for (int i = 0; i < 16; i++) s += qr[g * 16 + i];
-            bsum[m * (K / 16) + g] = (int16_t)s;
-        }
-    }
+#pragma omp parallel if (M * (K / block) > 1)
+    quantize_team(x, 0, M, K, lda, block, q, dx, bsum);
     return 0;
 }
 
@@ -128,15 +196,25 @@ static inline float lanes_total(const float *a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
+// The 12 packed bytes of a Q4_K block -> 8 6-bit scales (u[0], u[1]) and 8 6-bit mins
+// (u[2], u[3]), a byte each, in four 32-bit words (llama.cpp's unpacking).
+static inline void q4k_scale_words(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    u[0] = a & m6;
+    u[1] = (c & m4) | (((a >> 6) & m2) << 4);
+    u[2] = b & m6;
+    u[3] = ((c >> 4) & m4) | (((b >> 6) & m2) << 4);
+}
+
 static inline void q4k_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
+    uint32_t u[4];
+    q4k_scale_words(s, u);
+    memcpy(sc, u, 8);
+    memcpy(mn, u + 2, 8);
 }
 
 // ---------------------------------------------------------------- portable paths
@@ -219,6 +297,7 @@ static void q80_row_scalar(const block_q8_0 *w, int64_t nb, const int8_t *q, con
 // accumulators stay in registers): the weight's nibbles are unpacked once per 32
 // values and multiplied with each row (vpmaddubsw u8 x s8 -> s16, vpmaddwd -> s32).
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define MAX_ROWS 8
 
 ALWAYS_INLINE float hsum_lanes(__m256 v) {
     float a[LANES];
@@ -226,26 +305,51 @@ ALWAYS_INLINE float hsum_lanes(__m256 v) {
     return lanes_total(a);
 }
 
+// Byte masks for vpshufb: broadcast int16 element j of a 128-bit lane to all 8 places.
+static const uint8_t SPREAD16[8][32] __attribute__((aligned(32))) = {
+#define S16(j) {2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1}
+    S16(0), S16(1), S16(2), S16(3), S16(4), S16(5), S16(6), S16(7)
+#undef S16
+};
+#define SPREAD(j) _mm256_load_si256((const __m256i *)SPREAD16[j])
+// ... and element 2j of the low lane to the low lane, element 2j+1 to the high lane.
+static const uint8_t SPREAD_PAIR[4][32] __attribute__((aligned(32))) = {
+#define S6(j) {4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, \
+               4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, \
+               4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, \
+               4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3}
+    S6(0), S6(1), S6(2), S6(3)
+#undef S6
+};
+#define SPREAD6(j) _mm256_load_si256((const __m256i *)SPREAD_PAIR[j])
+
 ALWAYS_INLINE void q4k_rows_avx2(const block_q4_K *w, int64_t nb, const int ROWS,
                                  const int8_t *q, int64_t K, const float *dx,
                                  const int16_t *bsum, float *out, int64_t ldo) {
-    __m256 acc[4];
+    __m256 acc[MAX_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0xF);
     const int64_t ndx = K / QK_K, nbs = K / 16;
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], mn[8];
-        q4k_scales(w[b].scales, sc, mn);
+        uint32_t u[4];
+        q4k_scale_words(w[b].scales, u);
+        // scales as int16 in both 128-bit lanes (one vpshufb broadcasts one), and the
         // mins as int16 pairs (m0,m0,m1,m1,...): one vpmaddwd with the 16 bsums
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
-            _mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
-        __m256i s32[4];
+        const __m128i sm8 = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm8));
+        const __m128i mn8 = _mm_unpackhi_epi64(sm8, sm8);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+        __m256i s32[MAX_ROWS];
         for (int r = 0; r < ROWS; r++) s32[r] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * c));
             const __m256i lo = _mm256_and_si256(bits, low4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-            const __m256i sclo = _mm256_set1_epi16(sc[2 * c]), schi = _mm256_set1_epi16(sc[2 * c + 1]);
+            const __m256i sclo = _mm256_shuffle_epi8(scales, SPREAD(2 * c));
+            const __m256i schi = _mm256_shuffle_epi8(scales, SPREAD(2 * c + 1));
             for (int r = 0; r < ROWS; r++) {
                 const int8_t *x = q + r * K + b * QK_K + 64 * c;
                 const __m256i pl = _mm256_madd_epi16(
@@ -270,17 +374,16 @@ ALWAYS_INLINE void q4k_rows_avx2(const block_q4_K *w, int64_t nb, const int ROWS
 ALWAYS_INLINE void q6k_rows_avx2(const block_q6_K *w, int64_t nb, const int ROWS,
                                  const int8_t *q, int64_t K, const float *dx,
                                  const int16_t *bsum, float *out, int64_t ldo) {
-    __m256 acc[4];
+    __m256 acc[MAX_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
     const int64_t ndx = K / QK_K, nbs = K / 16;
     for (int64_t b = 0; b < nb; b++) {
         const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
-        __m256i s32[4];
+        __m256i s32[MAX_ROWS];
         for (int r = 0; r < ROWS; r++) s32[r] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = w[b].ql + 64 * h, *qh = w[b].qh + 32 * h;
-            const int8_t *sc = w[b].scales + 8 * h;
             const __m256i a = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i bb = _mm256_loadu_si256((const __m256i *)(ql + 32));
             const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
@@ -293,8 +396,10 @@ ALWAYS_INLINE void q6k_rows_avx2(const block_q6_K *w, int64_t nb, const int ROWS
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
             v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bb, 4), low4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
-            for (int j = 0; j < 4; j++)  // values 0-15 of part j use sc[2j], 16-31 sc[2j+1]
-                scv[j] = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * j]), _mm_set1_epi16(sc[2 * j + 1]));
+            // values 0-15 of part j use sc[2j], 16-31 sc[2j+1]: one vpshufb of this half's scales
+            const __m256i sch = h ? _mm256_permute2x128_si256(scales16, scales16, 0x11)
+                                  : _mm256_permute2x128_si256(scales16, scales16, 0x00);
+            for (int j = 0; j < 4; j++) scv[j] = _mm256_shuffle_epi8(sch, SPREAD6(j));
             for (int r = 0; r < ROWS; r++) {
                 const int8_t *x = q + r * K + b * QK_K + 128 * h;
                 for (int j = 0; j < 4; j++) {
@@ -318,7 +423,7 @@ ALWAYS_INLINE void q6k_rows_avx2(const block_q6_K *w, int64_t nb, const int ROWS
 ALWAYS_INLINE void q80_rows_avx2(const block_q8_0 *w, int64_t nb, const int ROWS,
                                  const int8_t *q, int64_t K, const float *dx, float *out,
                                  int64_t ldo) {
-    __m256 acc[4];
+    __m256 acc[MAX_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     const int64_t ndx = K / QK8_0;
@@ -337,6 +442,10 @@ ALWAYS_INLINE void q80_rows_avx2(const block_q8_0 *w, int64_t nb, const int ROWS
 
 #define BY_ROWS(fn, rows, ...)                   \
     switch (rows) {                              \
+        case 8: fn(__VA_ARGS__, 8); break;       \
+        case 7: fn(__VA_ARGS__, 7); break;       \
+        case 6: fn(__VA_ARGS__, 6); break;       \
+        case 5: fn(__VA_ARGS__, 5); break;       \
         case 4: fn(__VA_ARGS__, 4); break;       \
         case 3: fn(__VA_ARGS__, 3); break;       \
         case 2: fn(__VA_ARGS__, 2); break;       \
@@ -394,28 +503,105 @@ static void weight_row(int type, const uint8_t *wrow, int64_t K, int rows, const
     }
 }
 
+// One weight matrix of a call: N rows of GGUF blocks of `type` (row_bytes each), an
+// optional float32 bias added to every output (one float add, as torch's y += bias).
+typedef struct {
+    int32_t type, reserved;
+    const uint8_t *w;
+    int64_t N, row_bytes;
+    const float *bias;
+} gguf_weight;
+
+static int weight_fits(const gguf_weight *wt, int64_t K) {
+    const int bv = block_values(wt->type);
+    return bv && K % bv == 0 && K % activation_block(wt->type) == 0 &&
+           wt->row_bytes == K / bv * block_bytes(wt->type);
+}
+
+// Weight rows n0..n1-1 of `wt` against all M activation rows: y[m * ldy + n] as float32
+// (y_bf16 == 0) or rounded to bfloat16.
+static void weight_rows(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K, int64_t M,
+                        const int8_t *q, const float *dx, const int16_t *bsum, void *y,
+                        int64_t ldy, int y_bf16, int scalar) {
+    const int64_t ndx = K / activation_block(wt->type);
+    float tmp[ROW_GROUP];
+    // Activation rows in chunks that stay in cache while the weight rows pass by.
+    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
+        const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
+        for (int64_t n = n0; n < n1; n++) {
+            const float bias = wt->bias ? wt->bias[n] : 0.0f;
+            for (int64_t r0 = 0; r0 < mc; r0 += ROW_GROUP) {
+                const int rows = (int)(mc - r0 < ROW_GROUP ? mc - r0 : ROW_GROUP);
+                const int64_t m = m0 + r0;
+                weight_row(wt->type, wt->w + n * wt->row_bytes, K, rows, q + m * K,
+                           dx + m * ndx, bsum + m * (K / 16), tmp, 1, scalar);
+                for (int r = 0; r < rows; r++) {
+                    const float v = wt->bias ? tmp[r] + bias : tmp[r];
+                    if (y_bf16)
+                        ((uint16_t *)y)[(m + r) * ldy + n] = float_to_bf16(v);
+                    else
+                        ((float *)y)[(m + r) * ldy + n] = v;
+                }
+            }
+        }
+    }
+}
+
+// The weights' rows shared among the calling team's threads in contiguous runs of
+// about equal bytes (no barrier at the end: the caller's region ends there).
+static void matmul_team(int count, const gguf_weight *wts, int64_t K, int64_t M,
+                        const int8_t *q, const float *dx, const int16_t *bsum, void *const *ys,
+                        const int64_t *ldys, int y_bf16, int scalar) {
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) total += wts[i].N * wts[i].row_bytes;
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
+    int64_t off = 0;
+    for (int i = 0; i < count; i++) {
+        const int64_t rb = wts[i].row_bytes, size = wts[i].N * rb;
+        if (hi > off && lo < off + size) {  // rows whose first byte lies in [lo, hi)
+            const int64_t a = lo > off ? (lo - off + rb - 1) / rb : 0;
+            const int64_t b = hi < off + size ? (hi - off + rb - 1) / rb : wts[i].N;
+            if (b > a) weight_rows(&wts[i], a, b, K, M, q, dx, bsum, ys[i], ldys[i], y_bf16, scalar);
+        }
+        off += size;
+    }
+}
+
 // y (M, N) float, row stride ldy: y[m][n] = x[m] . W[n] for N weight rows of GGUF blocks
 // of `type` (row_bytes each) and M activation rows quantised by quantize_rows_q8 with
 // activation_block(type). scalar != 0 forces the portable path (tests).
 int gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
                 const int8_t *q, const float *dx, const int16_t *bsum, int64_t M, float *y,
                 int64_t ldy, int scalar) {
-    const int bv = block_values(type);
-    if (!bv || K % bv || K % activation_block(type) || row_bytes != K / bv * block_bytes(type))
-        return -1;
-    const int64_t ndx = K / activation_block(type);
-    // Activation rows in chunks that stay in cache while every weight row passes by.
-    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
-        const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
-#pragma omp parallel for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            for (int64_t r0 = 0; r0 < mc; r0 += ROW_GROUP) {
-                const int rows = (int)(mc - r0 < ROW_GROUP ? mc - r0 : ROW_GROUP);
-                const int64_t m = m0 + r0;
-                weight_row(type, w + n * row_bytes, K, rows, q + m * K, dx + m * ndx,
-                           bsum + m * (K / 16), y + m * ldy + n, ldy, scalar);
-            }
-        }
+    const gguf_weight wt = {type, 0, w, N, row_bytes, NULL};
+    if (!weight_fits(&wt, K)) return -1;
+    void *ys[1] = {y};
+    const int64_t ldys[1] = {ldy};
+#pragma omp parallel
+    matmul_team(1, &wt, K, M, q, dx, bsum, ys, ldys, 0, scalar);
+    return 0;
+}
+
+// The linear layers that read the same input x (M rows of K values, row stride lda,
+// float32 or bfloat16 with x_bf16) in one parallel region: x is quantised once into q
+// (M, K), dx (M, K / block), bsum (M, K / 16), then ys[i] (M, wts[i].N), contiguous, =
+// x . W_i (+ bias_i), float32 or rounded to bfloat16 (y_bf16). Every value is the one
+// quantize_rows_q8 and gguf_matmul (then the bias add and the cast) give.
+int gguf_linear(const void *x, int x_bf16, int64_t M, int64_t K, int64_t lda, int count,
+                const gguf_weight *wts, void *const *ys, int y_bf16, int8_t *q, float *dx,
+                int16_t *bsum, int scalar) {
+    if (count < 1 || count > 8) return -1;
+    const int block = activation_block(wts[0].type);
+    int64_t ldys[8];
+    for (int i = 0; i < count; i++) {
+        if (!weight_fits(&wts[i], K) || activation_block(wts[i].type) != block) return -1;
+        ldys[i] = wts[i].N;
+    }
+#pragma omp parallel
+    {
+        quantize_team(x, x_bf16, M, K, lda, block, q, dx, bsum);  // ends with a barrier
+        matmul_team(count, wts, K, M, q, dx, bsum, ys, ldys, y_bf16, scalar);
     }
     return 0;
 }
