@@ -8,6 +8,8 @@ not depend on how many rows come with it (what makes verification exact in bf16)
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -179,6 +181,133 @@ def test_row_attention_matches_softmax_attention_and_is_row_independent():
     for row in range(t):
         alone = gk.attention_rows(q[:, row : row + 1], k, v, causal[:, row : row + 1], d**-0.5)
         assert torch.equal(alone, got[:, row : row + 1])
+
+
+def test_row_attention_reads_bf16_and_strided_inputs_as_their_float_values():
+    """bf16 q/k/v read as they are (q transposed as HF hands it over, d=128 and d=72 with
+    a tail) and the output rounded to bf16 in C: the bits of the float32 computation
+    on the same values, then torch's cast."""
+    g = torch.Generator().manual_seed(4)
+    for d in (128, 72):
+        b, t, hq, hkv, n_keys = 2, 3, 6, 2, 17
+        q = torch.randn(b, hq, t, d, generator=g).bfloat16().transpose(1, 2)  # (B, T, Hq, d)
+        k = torch.randn(b, hkv, n_keys, d, generator=g).bfloat16()
+        v = torch.randn(b, hkv, n_keys, d, generator=g).bfloat16()
+        allowed = torch.rand(b, t, n_keys, generator=g) < 0.8
+        want = gk.attention_rows(q.float().contiguous(), k.float(), v.float(), allowed, d**-0.5)
+        got = gk.attention_rows(q, k, v, allowed, d**-0.5, out_dtype=torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())
+        assert torch.equal(
+            gk.attention_rows(q, k, v, None, 0.1),
+            gk.attention_rows(q.float(), k.float(), v.float(), None, 0.1),
+        )
+
+
+def linear_layers(k: int, dtype: torch.dtype) -> list[gk.GGUFLinear]:
+    """q/k/v-like layers: a wide Q4_K with a bias, a narrow Q6_K with one, a Q4_K without."""
+    g = torch.Generator().manual_seed(9)
+    out = []
+    for i, (t, n, bias) in enumerate(
+        [(gk.Q4_K, 40, True), (gk.Q6_K, 9, True), (gk.Q4_K, 17, False)]
+    ):
+        blocks = torch.from_numpy(random_blocks(t, n, k, seed=10 + i))
+        b = torch.randn(n, generator=g) if bias else None
+        out.append(gk.GGUFLinear(t, blocks, k, b, dtype))
+    return out
+
+
+def one_at_a_time(layer: gk.GGUFLinear, x: torch.Tensor, scalar: bool = False) -> torch.Tensor:
+    """What GGUFLinear computed before the fused call: float matmul, bias add, cast."""
+    rows = x.reshape(-1, layer.in_features)
+    y = gk.matmul(layer.ggml_type, layer.blocks, layer.in_features, rows.float(), scalar=scalar)
+    if layer.bias is not None:
+        y += layer.bias
+    return y.to(x.dtype).reshape(*x.shape[:-1], layer.out_features)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 5, 9, 37])
+def test_one_call_for_several_layers_gives_each_layers_bits(dtype, m):
+    k = 512
+    layers = linear_layers(k, dtype)
+    x = (torch.randn(1, m, k, generator=torch.Generator().manual_seed(m)) * 3).to(dtype)
+    got = gk.linear_rows(x, layers)
+    for layer, y in zip(layers, got, strict=True):
+        want = one_at_a_time(layer, x)
+        assert y.dtype == dtype and y.shape == want.shape and torch.equal(y, want)
+        assert torch.equal(layer(x), want)
+    portable = gk.linear_rows(x, layers, scalar=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, portable, strict=True))
+    # rows with a stride (a slice of a wider tensor) are read where they are
+    wide = torch.randn(m, 2 * k).to(dtype)
+    assert torch.equal(layers[0](wide[:, k:]), one_at_a_time(layers[0], wide[:, k:].contiguous()))
+
+
+def test_a_group_computes_its_members_together_and_never_hands_out_a_stale_output():
+    layers = linear_layers(256, torch.bfloat16)
+    group = gk.LinearGroup(layers)
+    assert all(layer.group is not None and layer.group[0] is group for layer in layers)
+    x = torch.randn(3, 256).bfloat16()
+    outs = [layer(x) for layer in layers]
+    assert all(torch.equal(y, one_at_a_time(m, x)) for m, y in zip(layers, outs, strict=True))
+    # another tensor, or the same one written in place in between: computed afresh
+    layers[0](x)
+    x2 = torch.randn(3, 256).bfloat16()
+    assert torch.equal(layers[1](x2), one_at_a_time(layers[1], x2))
+    layers[0](x)
+    x.mul_(2)
+    assert torch.equal(layers[1](x), one_at_a_time(layers[1], x))
+    # a member called twice on the same input gets its output both times
+    assert torch.equal(layers[2](x), layers[2](x))
+    with torch.inference_mode():
+        xi = torch.randn(2, 256).bfloat16()
+        assert all(torch.equal(m(xi), one_at_a_time(m, xi)) for m in [layers[1], *layers])
+
+
+def test_the_portable_build_gives_the_avx2_builds_bits(tmp_path):
+    """The portable C (software fp16 conversion, scalar quantisation and kernels) built
+    beside the AVX2 library: quantisation, matmuls, fused layers and attention agree."""
+    from slimspec.cpu import clib
+
+    if gk.path() != "avx2" or clib.compiler() is None:
+        pytest.skip("needs the AVX2 build and a compiler")
+    path = tmp_path / "portable.so"
+    clib.build(clib.compiler(), gk.SOURCE, gk.BASE_CFLAGS, path)
+    portable = gk._bind(ctypes.CDLL(str(path)))
+    assert portable.simd_path() == 0
+    halves = np.arange(65536, dtype=np.uint16)
+    halves = halves[np.isfinite(halves.view(np.float16))]
+    raw = np.zeros((halves.size, 34), dtype=np.uint8)
+    raw[:, 0:2] = halves.view(np.uint8).reshape(-1, 2)
+    raw[:, 2] = 1
+    ids = np.arange(halves.size, dtype=np.int64)
+    out = np.empty((halves.size, 32), dtype=np.float32)
+    assert (
+        portable.gguf_dequant_rows(
+            gk.Q8_0, raw.ctypes.data, 32, 34, ids.ctypes.data, halves.size, out.ctypes.data
+        )
+        == 0
+    )
+    want = halves.view(np.float16).astype(np.float32)
+    assert np.array_equal(out[:, 0].view(np.uint32), want.view(np.uint32))
+    layers = linear_layers(512, torch.bfloat16)
+    x = (torch.randn(6, 512) * 5).bfloat16()
+    q = torch.randn(1, 2, 4, 72).bfloat16()
+    k, v = torch.randn(1, 2, 9, 72).bfloat16(), torch.randn(1, 2, 9, 72).bfloat16()
+
+    def results() -> list[torch.Tensor]:
+        return [
+            *gk.linear_rows(x, layers),
+            *gk.quantize_rows(x.float(), 32),
+            *gk.quantize_rows(x.float(), 256),
+            gk.attention_rows(q, k, v, None, 0.2, out_dtype=torch.bfloat16),
+        ]
+
+    simd = results()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(gk._loaded, "lib", portable)
+        scalar = results()
+    assert all(torch.equal(a, b) for a, b in zip(simd, scalar, strict=True))
 
 
 def test_a_library_built_ahead_loads_without_a_compiler(monkeypatch, tmp_path):

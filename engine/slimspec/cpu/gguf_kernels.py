@@ -45,6 +45,9 @@ BLOCK_BYTES = {Q8_0: 34, Q4_K: 144, Q6_K: 210}
 ACTIVATION_BLOCK = {Q8_0: 32, Q4_K: 256, Q6_K: 256}
 TYPE_NAMES = {Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 
+# Activation and output dtypes the native calls read and write as they are.
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
 
@@ -53,6 +56,19 @@ def cflags(cpuinfo: str | None = None) -> tuple[str, ...]:
     """The flags this CPU's build uses: AVX2 where it has AVX2/FMA/F16C, else portable C."""
     flags = clib.cpu_flags(cpuinfo)
     return AVX2_CFLAGS if all(f in flags for f in AVX2_CPU_FLAGS) else BASE_CFLAGS
+
+
+class _Weight(ctypes.Structure):
+    """gguf_weight in the C file: one weight matrix of a gguf_linear call."""
+
+    _fields_ = [
+        ("type", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("w", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("row_bytes", ctypes.c_int64),
+        ("bias", ctypes.c_void_p),
+    ]
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -65,6 +81,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.gguf_dequant_rows.restype = i32
     lib.attention_rows_f32.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p]
     lib.attention_rows_f32.restype = i32
+    lib.attention_rows.argtypes = [p, p, p, i32, *[i64] * 9, p, *[i64] * 6, ctypes.c_float, p, i32]
+    lib.attention_rows.restype = i32
+    weights, ptrs = ctypes.POINTER(_Weight), ctypes.POINTER(ctypes.c_void_p)
+    lib.gguf_linear.argtypes = [p, i32, i64, i64, i64, i32, weights, ptrs, i32, p, p, p, i32]
+    lib.gguf_linear.restype = i32
     lib.simd_path.argtypes = []
     lib.simd_path.restype = i32
     return lib
@@ -211,27 +232,34 @@ def attention_rows(
     v: torch.Tensor,
     allowed: torch.Tensor | None,
     scale: float,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Softmax attention one (row, head) at a time: q (B, T, Hq, d), k and v (B, Hkv, L,
     d), allowed (B, T, L) bool or None for causal (the queries are the last T keys)
-    -> (B, T, Hq, d) float32. A row's output is the same whatever T is."""
+    -> (B, T, Hq, d) float32, or its values rounded to `out_dtype` (bfloat16). A row's
+    output is the same whatever T is. bfloat16 inputs are read as they are (their
+    float32 values), any strides with the last dimension contiguous."""
     lib = _require()
-    q = q.float().contiguous()
-    k = k.float().contiguous()
-    v = v.float().contiguous()
+    dtype = q.dtype if q.dtype == k.dtype == v.dtype and q.dtype in _NATIVE_DTYPES else None
+    if dtype is None:
+        q, k, v = q.float(), k.float(), v.float()
+        dtype = torch.float32
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     b, t, hq, d = q.shape
     hkv, n_keys = k.shape[1], k.shape[2]
     mask = None if allowed is None else allowed.to(torch.uint8).expand(b, t, n_keys).contiguous()
-    out = torch.empty(b, t, hq, d, dtype=torch.float32)
-    rc = lib.attention_rows_f32(
-        _ptr(q), _ptr(k), _ptr(v), None if mask is None else _ptr(mask),
-        b, t, hq, hkv, n_keys, d, float(scale), _ptr(out),
+    out_bf16 = out_dtype == torch.bfloat16
+    out = torch.empty(b, t, hq, d, dtype=torch.bfloat16 if out_bf16 else torch.float32)
+    rc = lib.attention_rows(
+        _ptr(q), _ptr(k), _ptr(v), int(dtype == torch.bfloat16), *q.stride()[:3],
+        *k.stride()[:3], *v.stride()[:3], None if mask is None else _ptr(mask),
+        b, t, hq, hkv, n_keys, d, float(scale), _ptr(out), int(out_bf16),
     )  # fmt: skip
     if rc:
         raise RuntimeError(
             f"row attention failed (code {rc}): Hq={hq}, Hkv={hkv}, T={t}, L={n_keys}"
         )
-    return out
+    return out if out_bf16 or out_dtype == torch.float32 else out.to(out_dtype)
 
 
 def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
@@ -279,6 +307,96 @@ def _require() -> ctypes.CDLL:
     return lib
 
 
+_scratch = threading.local()  # this thread's buffers for the quantised activations
+
+
+def _scratch_buffers(m: int, k: int, block: int) -> tuple[int, int, int]:
+    """Pointers to room for (q8 (M, K), dx (M, K/block), bsum (M, K/16)), reused."""
+    need = m * k
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < 2 * need + 256:
+        # q8: need bytes; dx: <= need/32 floats; bsum: need/16 int16 (64-byte aligned parts)
+        buf = torch.empty(2 * need + 256, dtype=torch.uint8)
+        _scratch.buf = buf
+    base = _ptr(buf)
+    q = (base + 63) // 64 * 64
+    dx = (q + need + 63) // 64 * 64
+    bsum = (dx + need // block * 4 + 63) // 64 * 64
+    return q, dx, bsum
+
+
+def linear_rows(
+    x: torch.Tensor, layers: list[GGUFLinear], *, scalar: bool = False
+) -> list[torch.Tensor]:
+    """[x @ W_i.T (+ bias_i)] for GGUFLinear layers with the same input width and
+    activation block, in x's dtype (float32 or bfloat16), from one native call that
+    quantises x once and multiplies all weights in one parallel region: each value is
+    the one layer(x) gives alone."""
+    lib = _require()
+    k = layers[0].in_features
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, k)
+    m = rows.shape[0]
+    if rows.stride(-1) != 1 or (m > 1 and rows.stride(0) < k):
+        rows = rows.contiguous()
+    block = ACTIVATION_BLOCK[layers[0].ggml_type]
+    q, dx, bsum = _scratch_buffers(m, k, block)
+    outs = [torch.empty(m, layer.out_features, dtype=x.dtype) for layer in layers]
+    ys = (ctypes.c_void_p * len(outs))(*[_ptr(y) for y in outs])
+    weights = _weights_of(layers)
+    rc = lib.gguf_linear(
+        _ptr(rows), int(x.dtype == torch.bfloat16), m, k, rows.stride(0), len(layers), weights,
+        ys, int(x.dtype == torch.bfloat16), q, dx, bsum, int(scalar),
+    )  # fmt: skip
+    if rc:
+        raise ValueError(f"GGUF linear: weights of K={k} that do not fit or mix activation blocks")
+    return [y.view(*lead, y.shape[1]) for y in outs]
+
+
+def _weights_of(layers: list[GGUFLinear]) -> Any:
+    if len(layers) == 1:
+        return ctypes.byref(layers[0].native_weight)
+    return (_Weight * len(layers))(*[layer.native_weight for layer in layers])
+
+
+class LinearGroup:
+    """GGUFLinear layers that read the same input (q/k/v; gate/up): the first one called
+    computes every member's output in one native call (one activation quantisation, one
+    parallel region) and the others take theirs when called on the same tensor. Any
+    other call computes afresh, so a member's output is always layer(x)'s."""
+
+    def __init__(self, members: list[GGUFLinear]) -> None:
+        first = members[0]
+        block = ACTIVATION_BLOCK[first.ggml_type]
+        if any(
+            m.in_features != first.in_features or ACTIVATION_BLOCK[m.ggml_type] != block
+            for m in members
+        ):
+            raise ValueError("a group's layers must share the input width and activation block")
+        self.members = members
+        self.weights = (_Weight * len(members))(*[m.native_weight for m in members])
+        self._pending = threading.local()
+        for i, member in enumerate(members):
+            member.group = (self, i)
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        # Inference-mode tensors keep no version counter; the members are called one
+        # after the other on the same input with nothing writing it in between.
+        version = -1 if x.is_inference() else x._version
+        entry = getattr(self._pending, "entry", None)
+        if entry is not None and entry[0] is x and entry[1] == version:
+            y = entry[2][index]
+            if y is not None:
+                entry[2][index] = None
+                return y
+        outs: list[torch.Tensor | None] = list(linear_rows(x, self.members))
+        y = outs[index]
+        assert y is not None
+        outs[index] = None
+        self._pending.entry = (x, version, outs)
+        return y
+
+
 class GGUFLinear(nn.Module):
     """y = x @ W.T (+ bias) with W kept as GGUF blocks (inference only).
 
@@ -303,11 +421,24 @@ class GGUFLinear(nn.Module):
         self.ggml_type = ggml_type
         self.in_features = in_features
         self.out_features = n
-        self.blocks = blocks
-        self.bias = None if bias is None else bias.detach().float()
+        self.blocks = blocks.contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
         self.weight = nn.Parameter(torch.zeros(1, dtype=dtype).expand(n, in_features), False)
+        self.native_weight = _Weight(
+            ggml_type,
+            0,
+            _ptr(self.blocks),
+            n,
+            row_bytes,
+            None if self.bias is None else _ptr(self.bias),
+        )
+        self.group: tuple[LinearGroup, int] | None = None  # set by LinearGroup
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in _NATIVE_DTYPES and x.device.type == "cpu":
+            if self.group is not None:
+                return self.group[0].output(self.group[1], x)
+            return linear_rows(x, [self])[0]
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         block = ACTIVATION_BLOCK[self.ggml_type]

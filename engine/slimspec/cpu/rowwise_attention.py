@@ -47,8 +47,10 @@ def rowwise_attention(
         )
     allowed = allowed_keys(attention_mask, t, key.shape[2])  # None on several queries: causal
     scale = d**-0.5 if scaling is None else float(scaling)
-    out = gguf_kernels.attention_rows(query.transpose(1, 2), key, value, allowed, scale)
-    return out.to(query.dtype), None
+    out = gguf_kernels.attention_rows(
+        query.transpose(1, 2), key, value, allowed, scale, out_dtype=query.dtype
+    )
+    return out, None
 
 
 def use_for(model: Any) -> None:

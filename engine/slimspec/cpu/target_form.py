@@ -126,12 +126,14 @@ def _apply(model: Any, setting: str, model_dir: Path | None) -> TargetForm:
         else:
             try:
                 form = _serve_gguf(model, gguf_path)
+                group_projections(model)
                 rowwise_attention.use_for(model)
                 return form
             except UnsupportedGGUF as exc:
                 reasons.append(str(exc))
     if setting == INT8 and not reasons:
         form = _serve_int8(model)
+        group_projections(model)
         rowwise_attention.use_for(model)
         return form
     if setting in (GGUF, INT8):
@@ -141,6 +143,31 @@ def _apply(model: Any, setting: str, model_dir: Path | None) -> TargetForm:
         detail += f"; not its GGUF: {'; '.join(reasons)}"
         log.warning("target served dense although %s is there: %s", gguf_path, "; ".join(reasons))
     return TargetForm(NONE, detail, _dense_bytes(model))
+
+
+# Projections that read the same input, by attribute name (Qwen2, Llama and kin).
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def group_projections(model: nn.Module) -> int:
+    """Put the block layers that read one input (q/k/v, gate/up) in a LinearGroup each:
+    one native call computes them together. Returns the number of groups."""
+    count = 0
+    for module in model.modules():
+        for names in SHARED_INPUT:
+            layers = [getattr(module, name, None) for name in names]
+            linear = [m for m in layers if isinstance(m, gguf_kernels.GGUFLinear)]
+            if len(linear) != len(names) or any(m.group is not None for m in linear):
+                continue
+            block = gguf_kernels.ACTIVATION_BLOCK[linear[0].ggml_type]
+            if all(
+                m.in_features == linear[0].in_features
+                and gguf_kernels.ACTIVATION_BLOCK[m.ggml_type] == block
+                for m in linear
+            ):
+                gguf_kernels.LinearGroup(linear)
+                count += 1
+    return count
 
 
 class UnsupportedGGUF(ValueError):

@@ -660,6 +660,21 @@ int gguf_dequant_rows(int type, const uint8_t *w, int64_t K, int64_t row_bytes,
 // different logits). q (B, T, Hq, d); k, v (B, Hkv, L, d); allowed (B, T, L) or NULL
 // for causal with the T queries the last T of the L keys; out (B, T, Hq, d).
 
+// A row of d values of a float32 (bf16 == 0) or bfloat16 tensor as float32 (exact).
+static inline const float *row_f32(const void *base, int64_t offset, int bf16, int64_t d,
+                                   float *buf) {
+    if (!bf16) return (const float *)base + offset;
+    const uint16_t *h = (const uint16_t *)base + offset;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= d; i += 8)
+        _mm256_storeu_ps(buf + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i))), 16)));
+#endif
+    for (; i < d; i++) buf[i] = bf16_to_float(h[i]);
+    return buf;
+}
+
 static inline float dot_f32(const float *a, const float *b, int64_t d) {
     int64_t i = 0;
     float s = 0.0f;
@@ -685,15 +700,22 @@ static inline void axpy_f32(float *y, float a, const float *x, int64_t d) {
     for (; i < d; i++) y[i] += a * x[i];
 }
 
-int attention_rows_f32(const float *q, const float *k, const float *v, const uint8_t *allowed,
-                       int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t L, int64_t d,
-                       float scale, float *out) {
+// q, k, v float32 or bfloat16 (in_bf16; bfloat16 values are read exactly as float32, so
+// the result is the float32 computation's) with the last dimension contiguous and the
+// other strides given in elements: q (b, t, h), k and v (b, h, l); out (B, T, Hq, d)
+// contiguous, float32 or rounded to bfloat16 (out_bf16).
+int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int64_t qsb,
+                   int64_t qst, int64_t qsh, int64_t ksb, int64_t ksh, int64_t ksl, int64_t vsb,
+                   int64_t vsh, int64_t vsl, const uint8_t *allowed, int64_t B, int64_t T,
+                   int64_t Hq, int64_t Hkv, int64_t L, int64_t d, float scale, void *out,
+                   int out_bf16) {
     if (Hkv <= 0 || Hq % Hkv || T > L) return -2;
     const int64_t group = Hq / Hkv;
     int failed = 0;
 #pragma omp parallel
     {
-        float *s = (float *)malloc(sizeof(float) * (size_t)(L > 0 ? L : 1));
+        // scores (L), then float rows for q, a key or value, and the output (3 d)
+        float *s = (float *)malloc(sizeof(float) * (size_t)((L > 0 ? L : 1) + 3 * d));
         if (!s) {
 #pragma omp atomic write
             failed = 1;
@@ -703,31 +725,44 @@ int attention_rows_f32(const float *q, const float *k, const float *v, const uin
             for (int64_t t = 0; t < T; t++)
                 for (int64_t h = 0; h < Hq; h++) {
                     if (!s) continue;
-                    const float *qr = q + ((b * T + t) * Hq + h) * d;
-                    const float *kh = k + (b * Hkv + h / group) * L * d;
-                    const float *vh = v + (b * Hkv + h / group) * L * d;
+                    float *qbuf = s + (L > 0 ? L : 1), *kvbuf = qbuf + d, *obuf = kvbuf + d;
+                    const float *qr = row_f32(q, b * qsb + t * qst + h * qsh, in_bf16, d, qbuf);
+                    const int64_t kh = b * ksb + (h / group) * ksh, vh = b * vsb + (h / group) * vsh;
                     const uint8_t *ok = allowed ? allowed + (b * T + t) * L : NULL;
                     const int64_t last = L - T + t;  // causal: keys 0..last
-                    float *o = out + ((b * T + t) * Hq + h) * d;
+                    const int64_t at = ((b * T + t) * Hq + h) * d;
+                    float *o = out_bf16 ? obuf : (float *)out + at;
                     float mx = -INFINITY;
                     for (int64_t j = 0; j < L; j++) {
                         const int seen = ok ? ok[j] != 0 : j <= last;
-                        s[j] = seen ? scale * dot_f32(qr, kh + j * d, d) : -INFINITY;
+                        s[j] = seen ? scale * dot_f32(qr, row_f32(k, kh + j * ksl, in_bf16, d, kvbuf), d)
+                                    : -INFINITY;
                         if (s[j] > mx) mx = s[j];
                     }
                     for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
-                    if (mx == -INFINITY) continue;  // sees no key: zeros, as SDPA's -inf rows
-                    float sum = 0.0f;
-                    for (int64_t j = 0; j < L; j++) {
-                        if (s[j] == -INFINITY) continue;
-                        const float p = expf(s[j] - mx);
-                        sum += p;
-                        axpy_f32(o, p, vh + j * d, d);
+                    if (mx != -INFINITY) {  // else it sees no key: zeros, as SDPA's -inf rows
+                        float sum = 0.0f;
+                        for (int64_t j = 0; j < L; j++) {
+                            if (s[j] == -INFINITY) continue;
+                            const float p = expf(s[j] - mx);
+                            sum += p;
+                            axpy_f32(o, p, row_f32(v, vh + j * vsl, in_bf16, d, kvbuf), d);
+                        }
+                        const float inv = 1.0f / sum;
+                        for (int64_t i = 0; i < d; i++) o[i] *= inv;
                     }
-                    const float inv = 1.0f / sum;
-                    for (int64_t i = 0; i < d; i++) o[i] *= inv;
+                    if (out_bf16)
+                        for (int64_t i = 0; i < d; i++) ((uint16_t *)out)[at + i] = float_to_bf16(o[i]);
                 }
         free(s);
     }
     return failed ? -1 : 0;
+}
+
+// The float32 form with contiguous q (B, T, Hq, d), k and v (B, Hkv, L, d).
+int attention_rows_f32(const float *q, const float *k, const float *v, const uint8_t *allowed,
+                       int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t L, int64_t d,
+                       float scale, float *out) {
+    return attention_rows(q, k, v, 0, T * Hq * d, Hq * d, d, Hkv * L * d, L * d, d,
+                          Hkv * L * d, L * d, d, allowed, B, T, Hq, Hkv, L, d, scale, out, 0);
 }
