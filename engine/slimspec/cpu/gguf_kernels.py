@@ -81,7 +81,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.gguf_dequant_rows.restype = i32
     lib.attention_rows_f32.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p]
     lib.attention_rows_f32.restype = i32
-    lib.attention_rows.argtypes = [p, p, p, i32, *[i64] * 9, p, *[i64] * 6, ctypes.c_float, p, i32]
+    lib.attention_rows.argtypes = [p, p, p, i32, *[i64] * 9, p, *[i64] * 8, ctypes.c_float, p, i32]
     lib.attention_rows.restype = i32
     weights, ptrs = ctypes.POINTER(_Weight), ctypes.POINTER(ctypes.c_void_p)
     lib.gguf_linear.argtypes = [p, i32, i64, i64, i64, i32, weights, ptrs, i32, p, p, p, i32]
@@ -247,12 +247,18 @@ def attention_rows(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     b, t, hq, d = q.shape
     hkv, n_keys = k.shape[1], k.shape[2]
-    mask = None if allowed is None else allowed.to(torch.uint8).expand(b, t, n_keys).contiguous()
+    mask = None
+    if allowed is not None:
+        mask = allowed.expand(b, t, n_keys)
+        mask = mask.view(torch.uint8) if mask.dtype == torch.bool else (mask != 0).view(torch.uint8)
+        if mask.stride(-1) != 1:
+            mask = mask.contiguous()
     out_bf16 = out_dtype == torch.bfloat16
     out = torch.empty(b, t, hq, d, dtype=torch.bfloat16 if out_bf16 else torch.float32)
     rc = lib.attention_rows(
         _ptr(q), _ptr(k), _ptr(v), int(dtype == torch.bfloat16), *q.stride()[:3],
         *k.stride()[:3], *v.stride()[:3], None if mask is None else _ptr(mask),
+        *((0, 0) if mask is None else mask.stride()[:2]),
         b, t, hq, hkv, n_keys, d, float(scale), _ptr(out), int(out_bf16),
     )  # fmt: skip
     if rc:

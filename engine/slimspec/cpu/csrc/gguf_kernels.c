@@ -703,10 +703,12 @@ static inline void axpy_f32(float *y, float a, const float *x, int64_t d) {
 // q, k, v float32 or bfloat16 (in_bf16; bfloat16 values are read exactly as float32, so
 // the result is the float32 computation's) with the last dimension contiguous and the
 // other strides given in elements: q (b, t, h), k and v (b, h, l); out (B, T, Hq, d)
-// contiguous, float32 or rounded to bfloat16 (out_bf16).
+// contiguous, float32 or rounded to bfloat16 (out_bf16); allowed (b, t) strides asb, ast
+// (0 where broadcast), keys contiguous.
 int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int64_t qsb,
                    int64_t qst, int64_t qsh, int64_t ksb, int64_t ksh, int64_t ksl, int64_t vsb,
-                   int64_t vsh, int64_t vsl, const uint8_t *allowed, int64_t B, int64_t T,
+                   int64_t vsh, int64_t vsl, const uint8_t *allowed, int64_t asb, int64_t ast,
+                   int64_t B, int64_t T,
                    int64_t Hq, int64_t Hkv, int64_t L, int64_t d, float scale, void *out,
                    int out_bf16) {
     if (Hkv <= 0 || Hq % Hkv || T > L) return -2;
@@ -728,7 +730,7 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                     float *qbuf = s + (L > 0 ? L : 1), *kvbuf = qbuf + d, *obuf = kvbuf + d;
                     const float *qr = row_f32(q, b * qsb + t * qst + h * qsh, in_bf16, d, qbuf);
                     const int64_t kh = b * ksb + (h / group) * ksh, vh = b * vsb + (h / group) * vsh;
-                    const uint8_t *ok = allowed ? allowed + (b * T + t) * L : NULL;
+                    const uint8_t *ok = allowed ? allowed + b * asb + t * ast : NULL;
                     const int64_t last = L - T + t;  // causal: keys 0..last
                     const int64_t at = ((b * T + t) * Hq + h) * d;
                     float *o = out_bf16 ? obuf : (float *)out + at;
@@ -764,5 +766,5 @@ int attention_rows_f32(const float *q, const float *k, const float *v, const uin
                        int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t L, int64_t d,
                        float scale, float *out) {
     return attention_rows(q, k, v, 0, T * Hq * d, Hq * d, d, Hkv * L * d, L * d, d,
-                          Hkv * L * d, L * d, d, allowed, B, T, Hq, Hkv, L, d, scale, out, 0);
+                          Hkv * L * d, L * d, d, allowed, T * L, L, B, T, Hq, Hkv, L, d, scale, out, 0);
 }
