@@ -338,31 +338,32 @@ def linear_rows(
     activation block, in x's dtype (float32 or bfloat16), from one native call that
     quantises x once and multiplies all weights in one parallel region: each value is
     the one layer(x) gives alone."""
-    lib = _require()
-    k = layers[0].in_features
+    weights = (_Weight * len(layers))(*[layer.native_weight for layer in layers])
+    sizes = tuple(layer.out_features for layer in layers)
+    return _linear(x, layers[0].in_features, layers[0].ggml_type, weights, sizes, scalar)
+
+
+def _linear(
+    x: torch.Tensor, k: int, ggml_type: int, weights: Any, sizes: tuple[int, ...], scalar: bool
+) -> list[torch.Tensor]:
+    lib = _loaded.get("lib") or _require()
     lead = x.shape[:-1]
     rows = x.reshape(-1, k)
     m = rows.shape[0]
     if rows.stride(-1) != 1 or (m > 1 and rows.stride(0) < k):
         rows = rows.contiguous()
-    block = ACTIVATION_BLOCK[layers[0].ggml_type]
-    q, dx, bsum = _scratch_buffers(m, k, block)
-    outs = [torch.empty(m, layer.out_features, dtype=x.dtype) for layer in layers]
-    ys = (ctypes.c_void_p * len(outs))(*[_ptr(y) for y in outs])
-    weights = _weights_of(layers)
+    q, dx, bsum = _scratch_buffers(m, k, ACTIVATION_BLOCK[ggml_type])
+    dtype = x.dtype
+    outs = [torch.empty(m, n, dtype=dtype) for n in sizes]
+    ys = (ctypes.c_void_p * len(outs))(*[y.data_ptr() for y in outs])
+    bf16 = int(dtype == torch.bfloat16)
     rc = lib.gguf_linear(
-        _ptr(rows), int(x.dtype == torch.bfloat16), m, k, rows.stride(0), len(layers), weights,
-        ys, int(x.dtype == torch.bfloat16), q, dx, bsum, int(scalar),
+        rows.data_ptr(), bf16, m, k, rows.stride(0), len(sizes), weights, ys, bf16, q, dx, bsum,
+        int(scalar),
     )  # fmt: skip
     if rc:
         raise ValueError(f"GGUF linear: weights of K={k} that do not fit or mix activation blocks")
-    return [y.view(*lead, y.shape[1]) for y in outs]
-
-
-def _weights_of(layers: list[GGUFLinear]) -> Any:
-    if len(layers) == 1:
-        return ctypes.byref(layers[0].native_weight)
-    return (_Weight * len(layers))(*[layer.native_weight for layer in layers])
+    return [y.view(*lead, n) for y, n in zip(outs, sizes, strict=True)]
 
 
 class LinearGroup:
@@ -381,6 +382,7 @@ class LinearGroup:
             raise ValueError("a group's layers must share the input width and activation block")
         self.members = members
         self.weights = (_Weight * len(members))(*[m.native_weight for m in members])
+        self.sizes = tuple(m.out_features for m in members)
         self._pending = threading.local()
         for i, member in enumerate(members):
             member.group = (self, i)
@@ -395,7 +397,10 @@ class LinearGroup:
             if y is not None:
                 entry[2][index] = None
                 return y
-        outs: list[torch.Tensor | None] = list(linear_rows(x, self.members))
+        first = self.members[0]
+        outs: list[torch.Tensor | None] = list(
+            _linear(x, first.in_features, first.ggml_type, self.weights, self.sizes, False)
+        )
         y = outs[index]
         assert y is not None
         outs[index] = None
@@ -438,13 +443,17 @@ class GGUFLinear(nn.Module):
             row_bytes,
             None if self.bias is None else _ptr(self.bias),
         )
+        self._weight_ref = ctypes.byref(self.native_weight)
+        self._sizes = (n,)
         self.group: tuple[LinearGroup, int] | None = None  # set by LinearGroup
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype in _NATIVE_DTYPES and x.device.type == "cpu":
             if self.group is not None:
                 return self.group[0].output(self.group[1], x)
-            return linear_rows(x, [self])[0]
+            return _linear(
+                x, self.in_features, self.ggml_type, self._weight_ref, self._sizes, False
+            )[0]
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         block = ACTIVATION_BLOCK[self.ggml_type]
