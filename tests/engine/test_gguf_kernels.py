@@ -257,6 +257,10 @@ def test_a_group_computes_its_members_together_and_never_hands_out_a_stale_outpu
     layers[0](x)
     x.mul_(2)
     assert torch.equal(layers[1](x), one_at_a_time(layers[1], x))
+    x3 = torch.randn(2, 256).bfloat16()
+    for layer in layers:  # once every member took its output, the group holds nothing
+        layer(x3)
+    assert group._pending.entry is None
     # a member called twice on the same input gets its output both times
     assert torch.equal(layers[2](x), layers[2](x))
     with torch.inference_mode():

@@ -396,6 +396,8 @@ class LinearGroup:
             y = entry[2][index]
             if y is not None:
                 entry[2][index] = None
+                if all(out is None for out in entry[2]):  # all handed out: hold no input
+                    self._pending.entry = None
                 return y
         first = self.members[0]
         outs: list[torch.Tensor | None] = list(
