@@ -18,6 +18,16 @@ engine's own predicted speed-up per ratio read from /metrics at the end of each 
 (--ratio-only runs just that). The fused-prefill effect: the same 8 clients with new
 prompts' prefill riding on the verification forward (the default) and apart, alternated
 (--no-prefill-ab skips it).
+
+--workload code|chat sends what users send instead of the eight short prompts
+(bench/workloads.py: 250-1,000-token code through /v1/completions, or English passages
+with a question through /v1/chat/completions, 128 new tokens), speculative and
+target-only both with batching on, at 1 and 8 clients; each run also records where the
+engine's time went (slimspec_engine_seconds_total shares). --target-quantization picks
+the target's form (gguf: its GGUF blocks, none: dense).
+
+    .venv/bin/python bench/serving.py --workload code --ratio-clients 1,8 \
+        --out bench/results/serving_code.json
 """
 
 from __future__ import annotations
@@ -36,17 +46,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import workloads  # bench/workloads.py: the request mixes
 
-PROMPTS = [
-    "def fibonacci(n):",
-    "Write a Python function that checks whether a string is a palindrome.",
-    "import json\n\ndef load_config(path):",
-    "class Stack:\n    def __init__(self):",
-    "Explain what a hash map is in one sentence.",
-    "def quicksort(items):",
-    "# Read a CSV file and print the sum of the second column\n",
-    "Hello, world!",
-]
+# What the clients send (main() sets it from --workload); each request's token limit is
+# the run's max_new.
+REQUESTS: list[workloads.Request] = workloads.short_requests(24)
 
 
 @dataclass
@@ -63,6 +67,7 @@ class RunResult:
     p95_s: float | None
     p99_s: float | None
     mean_latency_s: float | None
+    engine_time_shares: dict[str, float] | None = None  # slimspec_engine_seconds_total
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -84,13 +89,14 @@ async def run_clients(base: str, clients: int, window_s: float, max_new: int) ->
         n = 0
         async with httpx.AsyncClient(timeout=None) as http:
             while (left := end - time.monotonic()) > 0:
-                prompt = PROMPTS[(i + n * clients) % len(PROMPTS)]
+                req = REQUESTS[(i + n * clients) % len(REQUESTS)]
+                body = dict(req.body)
+                body["max_length" if req.path == "/infer" else "max_tokens"] = max_new
                 n += 1
                 t0 = time.monotonic()
                 try:
                     r = await asyncio.wait_for(
-                        http.post(f"{base}/infer", json={"input": prompt, "max_length": max_new}),
-                        timeout=left,
+                        http.post(f"{base}{req.path}", json=body), timeout=left
                     )
                 except TimeoutError:
                     abandoned += 1
@@ -101,7 +107,12 @@ async def run_clients(base: str, clients: int, window_s: float, max_new: int) ->
                     continue
                 r.raise_for_status()
                 lat.append(time.monotonic() - t0)
-                toks += r.json()["completion_tokens"]
+                doc = r.json()
+                toks += (
+                    doc["usage"]["completion_tokens"]
+                    if "usage" in doc
+                    else doc["completion_tokens"]
+                )
 
     t0 = time.monotonic()
     await asyncio.gather(*(client(i) for i in range(clients)))
@@ -255,15 +266,25 @@ def wait_idle(app: Any, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
+def engine_seconds(base: str) -> dict[str, float]:
+    """phase -> seconds of the engine's compute so far (slimspec_engine_seconds_total)."""
+    out = {}
+    for labels, v in metric_values(base, "slimspec_engine_seconds_total").items():
+        out[labels.split('"')[1] if '"' in labels else labels] = v
+    return out
+
+
 def measure(
     base: str, app: Any, mode: str, clients: int, window_s: float, max_new: int
 ) -> RunResult:
     wait_idle(app)
-    tok0 = generated_tokens(base)
+    tok0, sec0 = generated_tokens(base), engine_seconds(base)
     raw = asyncio.run(run_clients(base, clients, window_s, max_new))
     wait_idle(app)
     # Server-side count: includes the partial work of requests abandoned at the window's end.
     raw["toks"] = generated_tokens(base) - tok0
+    spent = {k: v - sec0.get(k, 0.0) for k, v in engine_seconds(base).items()}
+    busy = sum(spent.values())
     lat, el = raw["lat"], raw["elapsed"]
     res = RunResult(
         mode=mode,
@@ -278,6 +299,7 @@ def measure(
         p95_s=percentile(lat, 95),
         p99_s=percentile(lat, 99),
         mean_latency_s=statistics.fmean(lat) if lat else None,
+        engine_time_shares={k: round(v / busy, 3) for k, v in spent.items()} if busy else None,
     )
     print(json.dumps(res.__dict__), flush=True)
     return res
@@ -359,9 +381,17 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="none | auto | int4-fused | ... (engine option)",
     )
+    p.add_argument(
+        "--target-quantization", default="auto", help="auto | gguf | int8 | none (engine option)"
+    )
+    p.add_argument("--workload", default="short", choices=workloads.WORKLOADS,
+                   help="what clients send (bench/workloads.py); code and chat: 250-1000 "
+                   "token prompts, and the defaults become 128 new tokens, 1 and 8 clients, "
+                   "batching on, 180 s windows, target-only batching on too")  # fmt: skip
     p.add_argument("--clients", default="1,4,8,16")
-    p.add_argument("--window", type=float, default=30.0, help="seconds per configuration")
-    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--window", type=float, default=None, help="seconds per run (30, or 180)")
+    p.add_argument("--batching", default="off,on", help="scheduler modes to sweep")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 24 (short), 128")
     p.add_argument("--batch-on", type=int, default=16)
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only runs")
     p.add_argument("--ratios", default="0.0,0.8", help="ratios for the ratio effect at 8 clients")
@@ -377,6 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="8 s windows, 1 and 8 clients")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
     args = p.parse_args(argv)
+    realistic = args.workload != "short"
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128 if realistic else 24
+    if args.window is None:
+        args.window = 180.0 if realistic else 30.0
+    if realistic:  # long requests: the sweep that answers what users see
+        args.clients = "1,8" if args.clients == "1,4,8,16" else args.clients
+        args.batching = "on" if args.batching == "off,on" else args.batching
+        args.gain_repeats, args.no_prefill_ab = 0, True
     if args.quick:
         args.window, args.clients, args.ratio_repeats, args.settle = 8.0, "1,8", 1, 4.0
         args.gain_repeats = 0
@@ -408,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             draft_quantization=None
             if args.draft_quantization == "none"
             else args.draft_quantization,
+            target_quantization=args.target_quantization,
         ),
         scheduler=SchedulerConfig(max_batch_size=1, max_queue=256, batch_wait_s=0.01),
         limits=Limits(request_timeout_s=3600),
@@ -418,13 +458,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     base, app, _server = start_server(cfg)
     print(f"loaded and warmed in {time.monotonic() - t0:.0f}s", flush=True)
+    global REQUESTS
+    REQUESTS = workloads.requests_for(args.workload, loaded["spec"].tokenizer, args.max_new_tokens)
+    target_form = loaded["spec"].target_form.describe()
 
     results: list[RunResult] = []
-    for size, mode in (
-        ()
-        if args.ratio_only
-        else ((1, "speculative, batching off"), (args.batch_on, "speculative, batching on"))
-    ):
+    sweep = {"off": (1, "speculative, batching off"),
+             "on": (args.batch_on, "speculative, batching on")}  # fmt: skip
+    for size, mode in () if args.ratio_only else [sweep[b] for b in args.batching.split(",")]:
         set_batch(app, size)
         for c in levels:
             results.append(measure(base, app, mode, c, args.window, args.max_new_tokens))
@@ -467,17 +508,27 @@ def main(argv: list[str] | None = None) -> int:
     baseline: list[RunResult] = []
     if not args.no_baseline and not args.ratio_only:
         app.state.service.swap(replace(cfg.model, draft="none", version="target-only"))
-        set_batch(app, 1)
+        size, key = (args.batch_on, "on") if realistic else (1, "off")
+        set_batch(app, size)
         for c in (1, 8):
             baseline.append(
-                measure(base, app, "target-only, batching off", c, args.window, args.max_new_tokens)
-            )
+                measure(base, app, f"target-only, batching {key}", c, args.window,
+                        args.max_new_tokens)
+            )  # fmt: skip
 
     def find(mode: str, c: int) -> RunResult | None:
         return next((r for r in results + baseline if r.mode == mode and r.clients == c), None)
 
     on8, off1 = find("speculative, batching on", 8), find("speculative, batching off", 1)
     before = find("target-only, batching off", 8) or find("target-only, batching off", 1)
+    only_on = {c: find("target-only, batching on", c) for c in (1, 8)}
+    spec_on = {c: find("speculative, batching on", c) for c in (1, 8)}
+    vs_target_only = {}
+    for c in (1, 8):
+        spec, alone = spec_on[c], only_on[c]
+        if spec and alone and alone.tokens_per_s:
+            ratio = round(spec.tokens_per_s / alone.tokens_per_s, 3)
+            vs_target_only[f"speculative_vs_target_only_{c}_clients"] = ratio
     mean_off = statistics.fmean(gain_windows["off"]) if gain_windows["off"] else 0.0
     summary: dict[str, Any] = {
         "throughput_gain_8_clients": round(statistics.fmean(gain_windows["on"]) / mean_off, 3)
@@ -492,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         **other_ratio_effects,
         "ratio_prediction_error_8_clients": ratio_effect.get("prediction_error"),
         "fused_prefill_effect_8_clients": prefill_effect,
+        **vs_target_only,
     }
     if before and on8:
         summary["seed_table"] = {
@@ -527,6 +579,11 @@ def main(argv: list[str] | None = None) -> int:
             "draft": args.draft,
             "dtype": args.dtype,
             "draft_quantization": args.draft_quantization,
+            "target_quantization": args.target_quantization,
+            "target_form": target_form,
+            "workload": args.workload,
+            "prompt_tokens": sorted({r.prompt_tokens for r in REQUESTS}),
+            "distinct_requests": len(REQUESTS),
             "device": "cpu",
             "window_s": args.window,
             "max_new_tokens": args.max_new_tokens,
