@@ -64,6 +64,28 @@ def test_one_token_steps_stay_off_the_line():
     assert vc.single_s == pytest.approx(0.17)
 
 
+def test_one_token_steps_are_kept_per_batch_size():
+    """A plain step of 8 rows costs about twice one of 1 row: the k-search and the
+    ratio predictions read the measured step of the batch size at hand."""
+    from slimspec.decoding.adaptive import CostModel
+
+    cm = CostModel()
+    cm.verify.observe(2, 0.10)
+    cm.verify.observe(4, 0.14)
+    cm.verify.observe(16, 0.40)
+    cm.observe(0.0, 0.20, 0, None, 8, 8)  # a k = 0 step of 8 rows
+    cm.observe(0.0, 0.09, 0, None, 1, 1)  # then one of 1 row
+    assert cm.verify.single_seconds(8) == pytest.approx(0.20)
+    assert cm.verify.single_seconds(1) == pytest.approx(0.09)
+    assert cm.verify.single_seconds(4) is None
+    unit8 = cm.verify.line()[0] + cm.verify.line()[1] * 8
+    assert cm.relative_costs(8).single == pytest.approx(0.20 / unit8)
+    # an unmeasured size falls back to the running average over every size
+    unit4 = cm.verify.line()[0] + cm.verify.line()[1] * 4
+    assert cm.verify.single_s == pytest.approx(0.8 * 0.20 + 0.2 * 0.09)
+    assert cm.relative_costs(4).single == pytest.approx(cm.verify.single_s / unit4)
+
+
 def test_relative_costs_in_units_of_a_one_token_verification():
     assert relative_costs(None, 1, 0.2, None) == RelativeCosts(0.2, 0.0, 0.75)
     costs = relative_costs((0.070, 0.008), 1, 0.19, 0.156)

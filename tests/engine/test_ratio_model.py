@@ -129,6 +129,18 @@ def test_the_ratio_model_predicts_the_k_adaptive_k_picks():
         costs = relative_costs(line, rows, draft_s / unit, None)
         adaptive = choose_batch_k([alpha] * rows, [0] * rows, costs, 1, 8)
         assert best_k_rate(alpha, draft_s, line, rows, 8)[0] == adaptive
+    # and with plain target steps allowed (the engine's default, k_min 0)
+    chosen = set()
+    for rows, alpha, draft_s in [(1, 0.75, 0.015), (8, 0.5, 0.03), (8, 0.3, 0.08)]:
+        unit = one_token_seconds(line, rows)
+        assert unit is not None
+        single = 0.9 * unit
+        costs = relative_costs(line, rows, draft_s / unit, single)
+        adaptive = choose_batch_k([alpha] * rows, [0] * rows, costs, 0, 8)
+        k = best_k_rate(alpha, draft_s, line, rows, 8, k_min=0, single_s=single)[0]
+        assert k == adaptive
+        chosen.add(k)
+    assert 0 in chosen and len(chosen) > 1
 
 
 def test_not_measured_without_ratio_zero():
@@ -161,3 +173,37 @@ def test_the_rest_of_a_step_dilutes_what_a_cheaper_head_buys():
     assert p_bare[0.0].other_share == 0.0
     # target-only steps pay it too: the speed-up is over the served baseline
     assert target_only_rate(VERIFY, 8, 0.060) == pytest.approx(8 / (0.160 + 0.032 + 0.060))
+
+
+def test_where_drafting_does_not_pay_the_knob_changes_only_the_probes():
+    """8 rows, a slow draft and a modest acceptance: adaptive k (k_min 0) runs plain
+    target steps with a probe every PROBE_EVERY steps, so every ratio predicts about
+    the target-only speed. Forcing k >= 1 there predicted a large ratio effect the
+    engine never serves (1.18x predicted vs 1.03x measured at 8 clients)."""
+    from slimspec.decoding.adaptive import PROBE_EVERY, expected_tokens
+
+    heads = head_times(0.030)
+    acc = acceptance(KEPT)
+    forced = predict(StepCosts(8, 0.120, heads, VERIFY, 0.02), acc, 8)
+    skip = predict(StepCosts(8, 0.120, heads, VERIFY, 0.02, single_s=0.19, k_min=0), acc, 8)
+    assert forced[0.0].k >= 1 and forced[0.8].speedup > forced[0.0].speedup * 1.04
+    assert all(p.k == 0 for p in skip.values())
+    assert skip[0.8].speedup == pytest.approx(skip[0.0].speedup, rel=0.03)
+    assert 0.85 < skip[0.0].speedup < 1.0  # the probes cost a little, nothing else
+    # the mix: PROBE_EVERY plain steps and one probe at the best k >= 1, per step
+    draft = 0.120 + heads[0.0]
+    k_probe, probe_len, probe_step = best_k_rate(0.75, draft, VERIFY, 8, 8)
+    _, length, step = best_k_rate(0.75, draft, VERIFY, 8, 8, k_min=0, single_s=0.19)
+    assert k_probe >= 1 and probe_len == pytest.approx(expected_tokens(0.75, k_probe))
+    assert length == pytest.approx((PROBE_EVERY + probe_len) / (PROBE_EVERY + 1))
+    assert step == pytest.approx((PROBE_EVERY * 0.19 + probe_step) / (PROBE_EVERY + 1))
+    # and the baseline is the measured plain step when there is one
+    assert target_only_rate(VERIFY, 8, 0.02, 0.19) == pytest.approx(8 / 0.21)
+
+
+def test_where_drafting_pays_k_min_zero_changes_nothing():
+    costs = StepCosts(1, 0.040, head_times(0.016), VERIFY)
+    skip = StepCosts(1, 0.040, head_times(0.016), VERIFY, k_min=0)
+    for r, p in predict(costs, acceptance(KEPT), 8).items():
+        q = predict(skip, acceptance(KEPT), 8)[r]
+        assert q.k == p.k >= 1 and q.speedup == pytest.approx(p.speedup)

@@ -73,7 +73,8 @@ class VerifyCost:
 
     decay: float = 0.8
     by_tokens: dict[int, float] = field(default_factory=dict)
-    single_s: float | None = None
+    single_s: float | None = None  # a running average over every batch size
+    single_by_rows: dict[int, float] = field(default_factory=dict)
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
@@ -81,8 +82,15 @@ class VerifyCost:
     def observe(self, tokens: int, seconds: float) -> None:
         self.by_tokens[tokens] = self._ema(self.by_tokens.get(tokens), seconds)
 
-    def observe_single(self, seconds: float) -> None:
+    def observe_single(self, seconds: float, rows: int | None = None) -> None:
         self.single_s = self._ema(self.single_s, seconds)
+        if rows is not None:
+            self.single_by_rows[rows] = self._ema(self.single_by_rows.get(rows), seconds)
+
+    def single_seconds(self, rows: int) -> float | None:
+        """A plain one-token step of `rows` rows as measured at that batch size (an
+        8-row step takes about twice a 1-row one here, so another size's is no guide)."""
+        return self.single_by_rows.get(rows)
 
     def line(self) -> tuple[float, float] | None:
         """(intercept >= 0, slope >= 0) in seconds and seconds per token; None before any
@@ -210,7 +218,9 @@ class CostModel:
 
     def relative_costs(self, rows: int) -> RelativeCosts:
         """The k-search's cost inputs for a batch of `rows` rows."""
-        return relative_costs(self.verify.line(), rows, self.draft_ratio, self.verify.single_s)
+        single = self.verify.single_seconds(rows)
+        single = self.verify.single_s if single is None else single
+        return relative_costs(self.verify.line(), rows, self.draft_ratio, single)
 
     def observe(
         self,
@@ -232,7 +242,7 @@ class CostModel:
             if riding_tokens:
                 self.verify.observe(tokens + riding_tokens, target_s)
             else:
-                self.verify.observe_single(target_s)
+                self.verify.observe_single(target_s, rows)
             return
         self.verify.observe(tokens + riding_tokens, target_s)
         per_forward = draft_forward_seconds(draft_s, k, catch_up_s)

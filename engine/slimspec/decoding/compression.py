@@ -59,8 +59,10 @@ class CompressedHead:
         shadow: ShadowCheck,
         traffic: TrafficRanking,
         calibration: CalibrationArtifact | None,
+        k_min: int = 1,
     ) -> None:
         self.heads = heads
+        self.k_min = k_min  # 0: adaptive k may skip drafting (the predictions model it)
         self.settings = settings
         self.cost = cost
         self.shadow = shadow
@@ -155,6 +157,8 @@ class CompressedHead:
             self._prior_kept,
             s.max_draft_tokens,
             s.fixed_k,
+            self.k_min,
+            self.cost.verify.single_seconds(self.monitor.rows),
         )
 
     def measure_heads(self, clock: Callable[[], float], s: StepSettings) -> Any:

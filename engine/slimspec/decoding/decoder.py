@@ -263,7 +263,13 @@ class SpeculativeDecoder(Engine):
         )
         self._shadow = ShadowCheck(shadow_every, shadow_min_samples, shadow_window)
         self._compressed = CompressedHead(
-            self._heads, self._settings, self._cost, self._shadow, traffic, self.calibration
+            self._heads,
+            self._settings,
+            self._cost,
+            self._shadow,
+            traffic,
+            self.calibration,
+            k_min=0 if adaptive_skip else 1,
         )
         max_positions = getattr(
             self.target.config.get_text_config(), "max_position_embeddings", None

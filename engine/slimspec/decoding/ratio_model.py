@@ -19,6 +19,12 @@ sampling, bookkeeping, the shadow check). No ratio changes it, so it dilutes wha
 cheaper head saves: without it the model predicted 1.18x for ratio 0.8 at 8 clients
 where 1.07x was served.
 
+Adaptive k may pick k = 0 (plain target steps) where drafting does not pay, as it
+does at 8 clients on a 2-core CPU; then only every PROBE_EVERY-th step drafts (to
+re-measure acceptance), and a ratio changes only those probes. The prediction runs
+that mix, so the knob is predicted to do next to nothing there (the model that forced
+k >= 1 predicted 1.18x for ratio 0.8 at 8 clients where 1.03x was served).
+
 A larger ratio helps only where the head is a large share of the draft step and the
 acceptance it loses costs less than the time it saves; `assess` says whether any
 ratio beats ratio 0 by more than the model's uncertainty, and why not.
@@ -30,7 +36,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slimspec.decoding.adaptive import RelativeCosts, best_k, expected_tokens
+from slimspec.decoding.adaptive import PROBE_EVERY, RelativeCosts, best_k, expected_tokens
 
 MIN_UNCERTAINTY = 0.03  # relative: step-time noise the model cannot see (drift, contention)
 PRIOR_KEPT_SE = 0.05  # standard error of a kept acceptance that was not measured here
@@ -54,6 +60,8 @@ class StepCosts:
     head_s: Mapping[float, float]
     verify_line: tuple[float, float]
     other_s: float = 0.0  # per step, neither draft nor verification (measured)
+    single_s: float | None = None  # a plain one-token target step (k = 0), measured
+    k_min: int = 1  # 0 where adaptive k may skip drafting (the engine's default)
 
 
 @dataclass(frozen=True)
@@ -100,19 +108,36 @@ def best_k_rate(
     rows: int,
     k_max: int,
     fixed_k: int | None = None,
+    k_min: int = 1,
+    single_s: float | None = None,
 ) -> tuple[int, float, float]:
-    """(k, tokens per verification, step seconds) at the k adaptive k would pick (the
-    shared k-search, adaptive.best_k, in seconds: every row at acceptance alpha)."""
+    """(k, tokens per step per row, step seconds) at the k adaptive k would pick (the
+    shared k-search, adaptive.best_k, in seconds: every row at acceptance alpha).
+
+    k = 0 (only with k_min 0) is the steady mix adaptive k runs then: PROBE_EVERY plain
+    target steps (single_s each; the line at one token when not measured) and one
+    probe step at the best k >= 1, averaged per step."""
     one_token = verify_seconds(line, rows)
-    costs = RelativeCosts(draft_s, line[1] * rows, one_token, verify=one_token)
-    k = fixed_k if fixed_k is not None else best_k([alpha] * rows, costs, 1, max(1, k_max))
-    return k, expected_tokens(alpha, k), costs.step(k)
+    single = one_token if single_s is None else single_s
+    costs = RelativeCosts(draft_s, line[1] * rows, single, verify=one_token)
+    if fixed_k is not None:
+        return fixed_k, expected_tokens(alpha, fixed_k), costs.step(fixed_k)
+    k = best_k([alpha] * rows, costs, max(0, k_min), max(1, k_max))
+    if k > 0:
+        return k, expected_tokens(alpha, k), costs.step(k)
+    probe = best_k([alpha] * rows, costs, 1, max(1, k_max))
+    n = PROBE_EVERY
+    length = (n + expected_tokens(alpha, probe)) / (n + 1)
+    return 0, length, (n * costs.step(0) + costs.step(probe)) / (n + 1)
 
 
-def target_only_rate(line: tuple[float, float], rows: int, other_s: float = 0.0) -> float:
-    """Tokens/s of plain decoding of `rows` rows: one-token steps, read off the line,
-    each with the same per-step rest `other_s` (admission, sampling, bookkeeping)."""
-    step = verify_seconds(line, rows) + other_s
+def target_only_rate(
+    line: tuple[float, float], rows: int, other_s: float = 0.0, single_s: float | None = None
+) -> float:
+    """Tokens/s of plain decoding of `rows` rows: one-token steps (single_s each where
+    measured, else read off the line), each with the same per-step rest `other_s`
+    (admission, sampling, bookkeeping)."""
+    step = (verify_seconds(line, rows) if single_s is None else single_s) + other_s
     return rows / step if step > 0 else 0.0
 
 
@@ -125,7 +150,7 @@ def predict(
 ) -> dict[float, RatioPoint]:
     """The prediction for every ratio that has a head time (kept 1.0 where unknown)."""
     other = max(0.0, costs.other_s)
-    base = target_only_rate(costs.verify_line, costs.rows, other)
+    base = target_only_rate(costs.verify_line, costs.rows, other, costs.single_s)
     out: dict[float, RatioPoint] = {}
     for r in sorted(costs.head_s):
         head = costs.head_s[r]
@@ -136,14 +161,16 @@ def predict(
         kept = min(1.0, acc.kept.get(r, 1.0))
         # k as adaptive k picks it (it does not see `other`); the step pays `other` on top
         k, length, step = best_k_rate(
-            _alpha(acc, kept), draft, costs.verify_line, costs.rows, k_max, fixed_k
-        )
+            _alpha(acc, kept), draft, costs.verify_line, costs.rows, k_max, fixed_k,
+            costs.k_min, costs.single_s,
+        )  # fmt: skip
         step += other
         rate = costs.rows * length / step if step > 0 else 0.0
         low_kept = max(0.0, kept - 2.0 * acc.kept_se.get(r, PRIOR_KEPT_SE if r > 0 else 0.0))
         _, low_len, low_step = best_k_rate(
-            _alpha(acc, low_kept), draft, costs.verify_line, costs.rows, k_max, fixed_k
-        )
+            _alpha(acc, low_kept), draft, costs.verify_line, costs.rows, k_max, fixed_k,
+            costs.k_min, costs.single_s,
+        )  # fmt: skip
         low_step += other
         low_rate = costs.rows * low_len / low_step if low_step > 0 else 0.0
         out[r] = RatioPoint(

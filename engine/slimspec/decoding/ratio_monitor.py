@@ -198,8 +198,11 @@ class RatioMonitor:
         prior_kept: Mapping[float, float],
         k_max: int,
         fixed_k: int | None,
+        k_min: int = 1,
+        single_s: float | None = None,
     ) -> RatioReport | None:
-        """A new report from what was measured (None while something is missing)."""
+        """A new report from what was measured (None while something is missing).
+        k_min 0: adaptive k may run plain target steps (single_s each, measured)."""
         body = self.body_seconds(self.rows)
         heads = self.heads.scaled(self.rows)
         if verify_line is None or body is None or not heads:
@@ -216,7 +219,8 @@ class RatioMonitor:
         # the rows' acceptance is the ratio in force's: divide its kept share out
         alpha_full = self.acceptance.alpha / max(0.05, kept.get(ratio_in_force, 1.0))
         acc = Acceptance(alpha_full, kept, se)
-        costs = StepCosts(self.rows, body, heads, verify_line, self.other_seconds(self.rows))
+        other = self.other_seconds(self.rows)
+        costs = StepCosts(self.rows, body, heads, verify_line, other, single_s, k_min)
         points = predict(costs, acc, k_max, fixed_k)
         free = predict(costs, Acceptance(alpha_full, {}, dict.fromkeys(heads, 0.0)), k_max, fixed_k)
         self.report = RatioReport(
