@@ -55,6 +55,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import serving as serving_bench  # bench/serving.py: cpu_model
 from kubernetes import client
 from slimspec.draft_head.corpus import heldout_texts
 from slimspec_testbed.cluster.control_plane import running_cluster
@@ -128,17 +129,6 @@ N_PROMPTS = 12
 PHASES = {"warm-up": 60, "baseline": 60, "tuning": 600, "re-check": 60}
 QUICK = {"warm-up": 30, "baseline": 25, "tuning": 100, "re-check": 25}
 VERDICTS = ("ChangeConfirmed", "RevertedLatencyWorse", "RevertedNoGain", "Inconclusive")
-
-
-def cpu_name() -> str:
-    """The CPU's model name (the figures vary by machine)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def heldout_prompts(domain: str) -> list[str]:
@@ -454,7 +444,7 @@ def main() -> int:
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
         detail.append({"config": name, "gain": c["gain"], "what": c["what"],
                        "clients": c["clients"], "ratio_end": c["ratio_end"],
-                       "cpu": cpu_name(), "utc": when})  # fmt: skip
+                       "cpu": serving_bench.cpu_model(), "utc": when})  # fmt: skip
     data["figures"] = figures(data["configs"])
     if runs:
         data["figures"][runs_key] = runs
