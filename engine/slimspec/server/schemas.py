@@ -120,8 +120,13 @@ class _OpenAIBase(BaseModel):
         return None if v is None else v % INT64  # OpenAI allows negative seeds
 
 
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
 class CompletionRequest(_OpenAIBase):
-    prompt: str | list[str]
+    # One prompt, as a string or a one-item list: the OpenAPI document says so, so that
+    # clients generated from it (and schemathesis) send what is served
+    prompt: NonEmpty | Annotated[list[NonEmpty], Field(min_length=1, max_length=1)]
     echo: bool | None = False
     # the emitted tokens' log-probabilities with this many alternatives each
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
