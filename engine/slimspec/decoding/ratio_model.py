@@ -101,6 +101,11 @@ def verify_seconds(line: tuple[float, float], tokens: int) -> float:
     return line[0] + line[1] * tokens
 
 
+def plain_step_seconds(line: tuple[float, float], rows: int, single_s: float | None) -> float:
+    """A one-token target step of `rows` rows: measured where it was, else off the line."""
+    return verify_seconds(line, rows) if single_s is None else single_s
+
+
 def best_k_rate(
     alpha: float,
     draft_s: float,
@@ -117,9 +122,8 @@ def best_k_rate(
     k = 0 (only with k_min 0) is the steady mix adaptive k runs then: PROBE_EVERY plain
     target steps (single_s each; the line at one token when not measured) and one
     probe step at the best k >= 1, averaged per step."""
-    one_token = verify_seconds(line, rows)
-    single = one_token if single_s is None else single_s
-    costs = RelativeCosts(draft_s, line[1] * rows, single, verify=one_token)
+    single = plain_step_seconds(line, rows, single_s)
+    costs = RelativeCosts(draft_s, line[1] * rows, single, verify=verify_seconds(line, rows))
     if fixed_k is not None:
         return fixed_k, expected_tokens(alpha, fixed_k), costs.step(fixed_k)
     k = best_k([alpha] * rows, costs, max(0, k_min), max(1, k_max))
@@ -137,7 +141,7 @@ def target_only_rate(
     """Tokens/s of plain decoding of `rows` rows: one-token steps (single_s each where
     measured, else read off the line), each with the same per-step rest `other_s`
     (admission, sampling, bookkeeping)."""
-    step = (verify_seconds(line, rows) if single_s is None else single_s) + other_s
+    step = plain_step_seconds(line, rows, single_s) + other_s
     return rows / step if step > 0 else 0.0
 
 

@@ -135,13 +135,8 @@ class CompletionRequest(_OpenAIBase):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list):
-            if len(v) != 1:
-                raise ValueError("exactly one prompt per request is supported")
-            v = v[0]
-        if not v:
-            raise ValueError("prompt must not be empty")
-        return _encodable(v)
+        # the field's constraints have checked one non-empty prompt already
+        return _encodable(v[0] if isinstance(v, list) else v)
 
 
 class ChatMessage(BaseModel):
