@@ -158,6 +158,13 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--body-timeout", type=float, default=30.0, help="seconds to receive a request body"
     )
     p.add_argument(
+        "--max-connection-age",
+        type=float,
+        default=30.0,
+        help="seconds after which a kept-alive connection is closed after its next answer, "
+        "so clients reconnect through the Service and reach new replicas (0: never)",
+    )
+    p.add_argument(
         "--load-attempts",
         type=int,
         default=4,
@@ -248,6 +255,12 @@ def positive(flag: str, value: float) -> Any:
     return value
 
 
+def not_negative(flag: str, value: float) -> float:
+    if not value >= 0:
+        raise ValueError(f"{flag} must be >= 0, got {value}")
+    return value
+
+
 def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> ServerConfig
     from slimspec.server.app import ServerConfig
     from slimspec.server.health import HealthPolicy
@@ -284,6 +297,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str]):  # -> Server
             request_timeout_s=positive("--request-timeout", args.request_timeout),
             header_timeout_s=positive("--header-timeout", args.header_timeout),
             body_timeout_s=positive("--body-timeout", args.body_timeout),
+            max_connection_age_s=not_negative("--max-connection-age", args.max_connection_age),
         ),
         health=HealthPolicy(load_attempts=args.load_attempts, step_watchdog_s=args.step_watchdog),
         settings=settings,

@@ -4,12 +4,18 @@ uvicorn bounds idle keep-alive connections but not a client that trickles its re
 line and headers, which would hold a socket (and a slot) for as long as it likes. The
 header deadline runs from the connection's start and again after each response; the
 body's deadline is the RequestGuard middleware's.
+
+The protocol also records when each open connection was accepted
+(`connection_born`, by client address): RequestGuard ends a kept-alive connection
+older than the limits' max_connection_age_s with `connection: close`, so clients
+reconnect through the Service and reach replicas added since they connected.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import h11
@@ -22,6 +28,17 @@ TIMEOUT_BODY = json.dumps(
 ).encode()
 
 
+# (host, port) of an open connection -> time.monotonic() when it was accepted
+connection_born: dict[tuple[str, int], float] = {}
+
+
+def connection_age(client: Any) -> float | None:
+    """Seconds since the connection of an ASGI scope's `client` was accepted (None:
+    not a connection this server's protocol recorded)."""
+    born = connection_born.get(tuple(client)) if client else None
+    return None if born is None else time.monotonic() - born
+
+
 class HeaderDeadlineH11(H11Protocol):
     """h11 protocol that answers 408 and closes when a request's headers are not complete
     within header_timeout_s."""
@@ -31,6 +48,8 @@ class HeaderDeadlineH11(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.client is not None:
+            connection_born[self.client] = time.monotonic()
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -45,6 +64,8 @@ class HeaderDeadlineH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        if self.client is not None:
+            connection_born.pop(self.client, None)
         super().connection_lost(exc)
 
     def _arm_header_timer(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from slimspec.server.errors import ApiError, error_response
+from slimspec.server.http import connection_age
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,11 @@ class RequestGuard:
         t0 = time.perf_counter()
         status = 500
 
+        def connection_too_old() -> bool:
+            limit = self.state.service.limits.max_connection_age_s
+            age = connection_age(scope.get("client"))
+            return limit > 0 and age is not None and age > limit
+
         async def watched_send(msg: Any) -> None:
             nonlocal status
             if msg["type"] == "http.response.start":
@@ -110,8 +116,9 @@ class RequestGuard:
                 # arrive (408, 413, 401: the rest would be read as the next request), or
                 # while draining: a kept-alive connection bypasses the Service, so its
                 # client must reconnect (to a pod still in the endpoints) before the
-                # drain's delay ends and new requests here are refused.
-                if not body_done or self.state.service.draining:
+                # drain's delay ends and new requests here are refused; or when it is
+                # older than max_connection_age_s (a replica added since gets its share).
+                if not body_done or self.state.service.draining or connection_too_old():
                     headers = [h for h in msg.get("headers", []) if h[0].lower() != b"connection"]
                     msg = {**msg, "headers": [*headers, (b"connection", b"close")]}
             await send(msg)
