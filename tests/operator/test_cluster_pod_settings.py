@@ -45,6 +45,19 @@ def classes(kube_cluster: KubeCluster) -> Iterator[None]:
     yield
 
 
+def test_engines_without_placement_get_the_default_spread_over_nodes(
+    operator: OperatorProcess, api: Api, namespace: str
+) -> None:
+    api.create(sample(replicas=2))
+    (dep,) = api.wait(lambda: api.deployments() or None, what="engine Deployment")
+    (spread,) = api.client.sanitize_for_serialization(dep.spec.template)["spec"][
+        "topologySpreadConstraints"
+    ]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "chat"
+
+
 def test_deployment_and_pdb_carry_the_pod_settings(
     classes: None, operator: OperatorProcess, api: Api, namespace: str
 ) -> None:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from slimspec_operator.resource.spec import SlimSpecService
 from slimspec_operator.resource.spec_pod import RESERVED_ENV, RESERVED_LABELS
 from slimspec_operator.rollout import manifests as m
+from slimspec_operator.rollout.pod_settings import with_node_spread
 
 from .helpers import body
 from .test_crd import CRD
@@ -108,6 +109,53 @@ def test_no_settings_add_nothing() -> None:
     ):
         assert key not in pod
     assert "envFrom" not in pod["containers"][0]
+
+
+def test_engines_spread_over_nodes_by_default_softly() -> None:
+    spread = with_node_spread(svc())
+    (constraint,) = pod_of(spread)["spec"]["topologySpreadConstraints"]
+    assert constraint == {
+        "labelSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "slimspec-engine",
+                "app.kubernetes.io/instance": "chat",
+            }
+        },
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        # a drain of one of two nodes must still place the evicted replica
+        "whenUnsatisfiable": "ScheduleAnyway",
+    }
+    assert m.desired_template_hash(spread) != m.desired_template_hash(svc())
+    assert with_node_spread(svc()) == spread  # the same every round: no rollout loop
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        {"topologySpreadConstraints": POD["topologySpreadConstraints"][:1]},
+        {"affinity": POD["affinity"]},
+        {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}},
+    ],
+)
+def test_the_users_own_engine_placement_replaces_the_default_spread(pod: dict[str, Any]) -> None:
+    own = svc(pod=pod)
+    assert with_node_spread(own) is own
+
+
+@pytest.mark.parametrize("mode", ["ReadWriteOnce", "ReadWriteOncePod"])
+def test_a_one_node_model_cache_keeps_the_engines_together(mode: str) -> None:
+    one_node = svc(modelCache={"accessMode": mode})
+    assert with_node_spread(one_node) is one_node
+
+
+def test_node_affinity_alone_keeps_the_default_spread() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "pool", "operator": "In", "values": ["cpu"]}]}]}}}  # fmt: skip
+    pod = pod_of(with_node_spread(svc(pod={"affinity": affinity})))["spec"]
+    assert pod["affinity"] == affinity
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
 
 
 def test_settings_change_the_template_hash() -> None:

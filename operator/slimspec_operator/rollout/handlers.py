@@ -64,6 +64,13 @@ RESYNC_INTERVAL_S = float(os.environ.get("SLIMSPEC_RESYNC_INTERVAL", "1800"))
 # admin for the whole operator: a per-resource endpoint would let whoever writes a
 # SlimSpecService send the hub token of a Secret to a server of their choosing.
 HF_ENDPOINT = os.environ.get("SLIMSPEC_HF_ENDPOINT") or None
+# Spread every resource's engines over nodes unless its spec places them
+# (pod_settings.with_node_spread); the chart's engineDefaults.spreadOverNodes.
+SPREAD_OVER_NODES = os.environ.get("SLIMSPEC_SPREAD_OVER_NODES", "true").lower() not in (
+    "0",
+    "false",
+    "no",
+)
 
 _written_ratio: dict[str, float] = {}  # uid -> ratio last written to the ConfigMap
 _written_failed: dict[str, str | None] = {}  # uid -> status.failedTemplateHash last written
@@ -143,7 +150,9 @@ def run(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter)
                         _forget(uid)
                         return
                     at = now()
-                    outcome = reconcile(kube, fresh, at, _event_sink(fresh, logger), HF_ENDPOINT)
+                    outcome = reconcile(
+                        kube, fresh, at, _event_sink(fresh, logger), HF_ENDPOINT, SPREAD_OVER_NODES
+                    )
                     plan = outcome.plan
                     wake = plan.wake_at if plan is not None else None
                     _rounds[uid] = Round(at, wake, outcome.refused, follow_up(plan))

@@ -37,6 +37,36 @@ def pod_security() -> Manifest:
     return {**_non_root(), "fsGroup": ENGINE_UID}
 
 
+# Soft: one engine per node where the scheduler can, but a pod is never left Pending
+# for it (a drain of one of two nodes must still place the evicted replica).
+NODE_SPREAD: Manifest = {
+    "maxSkew": 1,
+    "topologyKey": "kubernetes.io/hostname",
+    "whenUnsatisfiable": "ScheduleAnyway",
+}
+
+
+def with_node_spread(svc: SlimSpecService) -> SlimSpecService:
+    """`svc` with the operator's default spread over nodes (NODE_SPREAD), unless its
+    spec.pod places the engines relative to each other already (spread constraints,
+    pod affinity or anti-affinity of its own: the user's choice), or its model cache
+    is a one-node volume (ReadWriteOnce/ReadWriteOncePod: a replica spread to another
+    node could not mount it)."""
+    pod = svc.spec.pod
+    affinity = pod.affinity
+    if (
+        pod.topology_spread_constraints
+        or (
+            affinity is not None
+            and (affinity.pod_affinity is not None or affinity.pod_anti_affinity is not None)
+        )
+        or svc.spec.model_cache.access_mode != "ReadWriteMany"
+    ):
+        return svc
+    spread_pod = pod.model_copy(update={"topology_spread_constraints": [dict(NODE_SPREAD)]})
+    return svc.model_copy(update={"spec": svc.spec.model_copy(update={"pod": spread_pod})})
+
+
 def placement(svc: SlimSpecService, engine_selector: Manifest) -> Manifest:
     """Pod-spec fields that decide where and how the pods run (only those set).
 

@@ -56,6 +56,7 @@ from slimspec_operator.rollout.plan import (
     SwitchService,
     plan_rollout,
 )
+from slimspec_operator.rollout.pod_settings import with_node_spread
 from slimspec_operator.rollout.reasons import Condition, Reason
 from slimspec_operator.rollout.status import (
     PrepStatus,
@@ -235,9 +236,11 @@ def reconcile(
     now: datetime,
     emit: EventSink | None = None,
     hf_endpoint: str | None = None,
+    spread_over_nodes: bool = True,
 ) -> Outcome:
     """Bring the cluster in line with `body`; raises ApiError 409 when the object
-    changed since `body` was read (the caller re-reads and runs again)."""
+    changed since `body` was read (the caller re-reads and runs again).
+    `spread_over_nodes`: the operator's default placement (pod_settings.with_node_spread)."""
     meta = body["metadata"]
     status_in: Mapping[str, Any] = body.get("status") or {}
     try:
@@ -248,6 +251,8 @@ def reconcile(
         text = short(f"spec cannot be read: {where}: {first.get('msg', '')}")
         _refuse(kube, meta, status_in, status_in, Reason.INVALID_SPEC, text, now, emit)
         return Outcome(None, refused=True)
+    if spread_over_nodes:
+        svc = with_node_spread(svc)
     rv: str | None = meta.get("resourceVersion")
     prep_spec = preparation(svc)
     found: Found = [
