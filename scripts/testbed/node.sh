@@ -1,44 +1,68 @@
 #!/usr/bin/env bash
 # A real Kubernetes node for the test bed: containerd + runc + CNI (bridge,
 # host-local, loopback, portmap) + kubelet + kube-proxy, all inside one private
-# network + mount namespace that has only `lo` and the pods' bridge: nothing is
-# routed or masqueraded off the machine. The control plane (started by the Python
-# test bed, slimspec_testbed.node.node_cluster) runs in the same network namespace, and the
-# tests enter it to reach pod and Service addresses.
+# network + mount namespace that has only `lo`, the pods' bridge and (with a second
+# node) a link to the other node: nothing is routed or masqueraded off the machine.
+# The control plane (started by the Python test bed, slimspec_testbed.node.node_cluster)
+# runs in the first node's network namespace, and the tests enter it to reach pod and
+# Service addresses.
 #
-#   node.sh up DIR OWNER_PID   namespaces, bridge, cgroups, containerd, images
+#   node.sh up DIR OWNER_PID [INDEX]  namespaces, bridge, cgroups, containerd, images;
+#                              INDEX 0 (default) or 1: node slimspec-node (10.244.0.1,
+#                              pods 10.244.0.0/24) or slimspec-node-2 (10.244.1.1,
+#                              pods 10.244.1.0/24)
+#   node.sh link DIR0 DIR1     a veth pair between two nodes' namespaces (10.243.0.1
+#                              and .2) and a route to each other's pod range
 #   node.sh start DIR          kubelet + kube-proxy (needs DIR/kubelet.kubeconfig and
 #                              DIR/kube-proxy.kubeconfig from the control plane)
 #   node.sh down DIR           stop and remove everything of that run
 #   node.sh exec DIR CMD...    run CMD inside the node's network + mount namespace
-#   node.sh import             import the images into the node's image store now (a
+#   node.sh import             import the images into the nodes' image stores now (a
 #                              set-up step: `up` then finds them there)
 #   node.sh cleanup            tear down runs whose owner died (also done by `up`)
 #
 # One node per image store runs at a time (its containerd keeps the imported images
-# under $SLIMSPEC_NODE_STORE/containerd, default $SLIMSPEC_CACHE/node, a store only one
-# daemon may open); `up` waits for the store's lock. SLIMSPEC_NODE_IMAGES picks the
-# images to import (default: pause engine operator prometheus). A watchdog tears the
-# node down when OWNER_PID exits, so a killed test run leaves nothing behind;
-# `cleanup` (and every `up`) catches what a killed watchdog left.
+# under $SLIMSPEC_NODE_STORE/containerd (node 0) and .../containerd-1 (node 1), default
+# $SLIMSPEC_CACHE/node, a store only one daemon may open); `up` waits for the store's
+# lock. `import` fills store 0 from Docker and makes store 1 a hard-linked clone of it
+# (the layers' files are never written in place, so the second store costs seconds and
+# no disk). SLIMSPEC_NODE_IMAGES picks the images to import (default: pause engine
+# operator prometheus). A watchdog tears the node down when OWNER_PID exits, so a
+# killed test run leaves nothing behind; `cleanup` (and every `up`) catches what a
+# killed watchdog left.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-NODE_NAME=slimspec-node
+# The whole cluster's pod range (kube-proxy's clusterCIDR); each node has a /24 of it.
 POD_CIDR=10.244.0.0/16
-NODE_IP=10.244.0.1
 SERVICE_CIDR=10.0.0.0/24
+LINK_NET=10.243.0
 BRIDGE=cni0
 RUN_PREFIX=slimspec-node-
 NODE_CACHE="${SLIMSPEC_NODE_STORE:-$SLIMSPEC_CACHE/node}"
-CONTAINERD_ROOT="$NODE_CACHE/containerd"
 NODE_IMAGES="${SLIMSPEC_NODE_IMAGES:-pause engine operator prometheus}"
 K8S_NODE_DIR="$SLIMSPEC_CACHE/k8s/$K8S_VERSION-node"
 CNI_BIN=/usr/lib/cni
 export PATH="$PATH:/usr/sbin:/sbin"
 
 log() { echo "node: $*" >&2; }
+
+node_vars() { # node_vars INDEX: the name, addresses, image store and lock of node INDEX
+  NODE_INDEX="${1:-0}"
+  [[ "$NODE_INDEX" =~ ^[01]$ ]] || { log "node index $NODE_INDEX: 0 or 1"; exit 2; }
+  local suffix=""
+  NODE_NAME=slimspec-node
+  if ((NODE_INDEX > 0)); then
+    suffix="-$NODE_INDEX"
+    NODE_NAME="slimspec-node-$((NODE_INDEX + 1))"
+  fi
+  NODE_IP="10.244.$NODE_INDEX.1"
+  NODE_SUBNET="10.244.$NODE_INDEX.0/24"
+  CONTAINERD_ROOT="$NODE_CACHE/containerd$suffix"
+  NODE_LOCK="$NODE_CACHE/.lock$suffix"
+}
+node_vars 0
 
 state() { # state DIR KEY
   sed -n "s/^$2=//p" "$1/state.env" 2>/dev/null
@@ -96,7 +120,7 @@ write_configs() {
       "ipam": {
         "type": "host-local",
         "dataDir": "$dir/cni/ipam",
-        "ranges": [[{"subnet": "$POD_CIDR", "rangeStart": "10.244.1.1", "gateway": "$NODE_IP"}]]
+        "ranges": [[{"subnet": "$NODE_SUBNET", "gateway": "$NODE_IP"}]]
       }
     },
     {"type": "portmap", "capabilities": {"portMappings": true}}
@@ -189,9 +213,10 @@ EOF
 # private /run, /var/lib, /var/log and sysctl files.
 setup_inside() {
   local dir="$1"
+  node_vars "$(state "$dir" NODE_INDEX)"
   ip link set lo up
   ip link add "$BRIDGE" type bridge
-  ip addr add "$NODE_IP/16" dev "$BRIDGE"
+  ip addr add "$NODE_IP/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   ip route add "$SERVICE_CIDR" dev "$BRIDGE" src "$NODE_IP"
   echo 1 >/proc/sys/net/ipv4/ip_forward
@@ -328,7 +353,8 @@ import_images() {
 
 watchdog() { # holds the node lock for the run; tears the node down when its owner exits
   local dir="$1" owner="$2"
-  exec 9>"$NODE_CACHE/.lock"
+  node_vars "$3"
+  exec 9>"$NODE_LOCK"
   flock 9
   echo "$$" >"$dir/watchdog.pid"
   : >"$dir/locked"
@@ -339,15 +365,16 @@ watchdog() { # holds the node lock for the run; tears the node down when its own
 
 up() {
   local dir="$1" owner="$2"
+  node_vars "${3:-0}"
   mkdir -p "$NODE_CACHE" "$dir"
   echo "$owner" >"$dir/owner.pid"
   cleanup_stale
   # Wait for the node lock (another run's node), then keep it in the watchdog.
-  setsid bash "$HERE/node.sh" _watchdog "$dir" "$owner" </dev/null >/dev/null 2>&1 &
+  setsid bash "$HERE/node.sh" _watchdog "$dir" "$owner" "$NODE_INDEX" </dev/null >/dev/null 2>&1 &
   local i
   for ((i = 0; i < 3600 * 5; i++)); do
     [[ -e "$dir/locked" ]] && break
-    ((i % 150 == 149)) && log "waiting for another test run's node to finish ($NODE_CACHE/.lock)"
+    ((i % 150 == 149)) && log "waiting for another test run's node to finish ($NODE_LOCK)"
     sleep 0.2
   done
   [[ -e "$dir/locked" ]] || { log "node lock not acquired"; return 1; }
@@ -364,9 +391,10 @@ HOLDER_PID=$holder
 NETNS_INODE=$(stat -Lc %i "/proc/$holder/ns/net")
 CGROUP=$cgroup
 OWNER_PID=$owner
+NODE_INDEX=$NODE_INDEX
 NODE_NAME=$NODE_NAME
 NODE_IP=$NODE_IP
-POD_CIDR=$POD_CIDR
+POD_CIDR=$NODE_SUBNET
 SERVICE_CIDR=$SERVICE_CIDR
 EOF
   in_ns "$dir" bash "$HERE/node.sh" _setup_inside "$dir"
@@ -382,24 +410,67 @@ EOF
   echo "$dir"
 }
 
-# The images into the store with a containerd of its own (no namespaces: importing
-# needs no network), holding the store's lock like a node does.
+# The images into store 0 with a containerd of its own (no namespaces: importing
+# needs no network), holding the store's lock like a node does; then store 1 as a
+# clone of it.
 import_only() {
   mkdir -p "$NODE_CACHE" "$CONTAINERD_ROOT"
-  exec 9>"$NODE_CACHE/.lock"
+  exec 9>"$NODE_LOCK"
   flock 9
   local dir
   dir="$(mktemp -d "/tmp/${RUN_PREFIX}import-XXXXXX")"
   write_configs "$dir" unused "$(bash "$HERE/images.sh" tags | sed -n 's/^PAUSE_IMAGE=//p')"
-  local rc=0
+  local rc=0 images=""
   start_containerd "$dir" && import_images "$dir" || rc=$?
+  ((rc == 0)) && images="$(ctr_ "$dir" images ls -q | sort)"
   stop_pidfile "$dir/containerd.pid"
   rm -rf "$dir"
-  return "$rc"
+  ((rc == 0)) || return "$rc"
+  clone_store "$images"
+}
+
+# Store 1 = store 0, hard-linked: layer blobs and unpacked snapshots are never written
+# in place (a container writes to its own new upper dir), so they can be shared; every
+# other file (the metadata databases, CRI state) gets its own copy. Redone only when
+# store 0's image list changed. Called with store 0's lock held and its daemon stopped
+# (a consistent copy of its databases).
+clone_store() {
+  local images="$1" src="$CONTAINERD_ROOT" dst="$NODE_CACHE/containerd-1"
+  exec 8>"$NODE_CACHE/.lock-1"
+  flock 8
+  if [[ -d "$dst" && "$(cat "$dst.images" 2>/dev/null)" == "$images" ]]; then
+    return 0
+  fi
+  local t0=$SECONDS
+  rm -rf "$dst" "$dst.new" "$dst.images"
+  cp -al "$src" "$dst.new"
+  find "$dst.new" -type f \
+    -not -path "$dst.new/io.containerd.content.v1.content/blobs/*" \
+    -not -path "$dst.new/io.containerd.snapshotter.v1.overlayfs/snapshots/*" \
+    -exec sh -c 'for f; do cp -p "$f" "$f.own" && mv -f "$f.own" "$f"; done' _ {} +
+  mv "$dst.new" "$dst"
+  echo "$images" >"$dst.images"
+  log "store 1 cloned from store 0 (hard links) in $((SECONDS - t0))s"
+}
+
+# Two nodes' namespaces joined by a veth pair; each routes the other's pod range
+# over it (pod to pod, node to pod, kubelet to the API server in node 0's namespace).
+link() {
+  local a="$1" b="$2" ha hb ia ib
+  ha="$(state "$a" HOLDER_PID)" hb="$(state "$b" HOLDER_PID)"
+  ia="$(state "$a" NODE_INDEX)" ib="$(state "$b" NODE_INDEX)"
+  ip link add "peer$ib" netns "$ha" type veth peer name "peer$ia" netns "$hb"
+  nsenter -t "$ha" -n -- sh -ec "ip addr add $LINK_NET.$((ia + 1))/24 dev peer$ib
+    ip link set peer$ib up
+    ip route add 10.244.$ib.0/24 via $LINK_NET.$((ib + 1))"
+  nsenter -t "$hb" -n -- sh -ec "ip addr add $LINK_NET.$((ib + 1))/24 dev peer$ia
+    ip link set peer$ia up
+    ip route add 10.244.$ia.0/24 via $LINK_NET.$((ia + 1))"
 }
 
 start() {
   local dir="$1" b
+  node_vars "$(state "$dir" NODE_INDEX)"
   for b in kubelet kube-proxy; do
     [[ -x "$K8S_NODE_DIR/$b" ]] || { log "$b missing: bash scripts/testbed/install.sh node"; return 1; }
     [[ -f "$dir/$b.kubeconfig" ]] || { log "$dir/$b.kubeconfig missing"; return 1; }
@@ -497,13 +568,14 @@ cleanup_stale() {
 }
 
 case "${1:-}" in
-  up) up "$2" "$3" ;;
+  up) up "$2" "$3" "${4:-0}" ;;
+  link) link "$2" "$3" ;;
   start) start "$2" ;;
   down) down "$2" ;;
   exec) dir="$2"; shift 2; in_ns "$dir" "$@" ;;
   import) import_only ;;
   cleanup) cleanup_stale ;;
   _setup_inside) setup_inside "$2" ;;
-  _watchdog) watchdog "$2" "$3" ;;
+  _watchdog) watchdog "$2" "$3" "${4:-0}" ;;
   *) sed -n '2,/^$/p' "$0" >&2; exit 2 ;;
 esac

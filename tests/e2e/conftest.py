@@ -1,8 +1,9 @@
 """Fixtures of the end-to-end suite: the real node, its images, the user's path.
 
 ``node`` (package: up while tests/e2e runs, torn down after it): a
-    :class:`~slimspec_testbed.node.node_cluster.NodeCluster` — containerd, kubelet, kube-proxy, CNI,
-    and a control plane with scheduler and node lifecycle, in the node's own network
+    :class:`~slimspec_testbed.node.node_cluster.NodeCluster` of two nodes — each with
+    containerd, kubelet, kube-proxy and CNI in its own network namespace, joined by a
+    link — and a control plane with scheduler and node lifecycle in the first node's
     namespace (``slimspec_testbed.node.node_cluster``).
 ``in_node`` (module): runs the module's tests in the node's network namespace, where
     pod and Service addresses and the API server are. Modules that talk to the cluster
@@ -14,12 +15,16 @@
     real model (SmolLM2-135M) under ``models/<name>``; yields that path in the claim.
 ``operator_release`` (package): ``helm install`` of charts/slimspec with the built
     operator image into ``slimspec-system``, operator pod Running and Ready.
+``prometheus`` (package): Prometheus in the cluster, finding the engines by pod
+    discovery; yields its URL (a ClusterIP) for ``spec.prometheus.url``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,20 +34,32 @@ from slimspec_testbed.scenarios.userpath import (
     CHART,
     MODELS_CLAIM,
     OPERATOR_NAMESPACE,
+    PROMETHEUS_NAMESPACE,
     RELEASE,
     SERVICE_NAMESPACE,
+    cluster_ip,
     models_volume,
     models_volume_dir,
     operator_values,
+    prometheus_manifests,
     service_namespace,
     wait_pods_ready,
 )
-from slimspec_testbed.tools import Helm, helm_env, tool_path
+from slimspec_testbed.tools import REPO_ROOT, Helm, helm_env, tool_path
+
+RESULTS = REPO_ROOT / "tests" / "e2e" / ".results"
+
+
+def record(name: str, data: dict[str, Any]) -> None:
+    """Measurements for the report (the suite's figures, not assertions)."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
+    print(f"{name}: {json.dumps(data)[:2000]}")
 
 
 @pytest.fixture(scope="package")
 def node() -> Iterator[NodeCluster]:
-    with running_node_cluster() as running:
+    with running_node_cluster(nodes=2) as running:
         yield running
 
 
@@ -97,3 +114,13 @@ def operator_release(node: NodeCluster, helm_node: Helm) -> Iterator[str]:
     yield RELEASE
     with node.entered():
         helm_node("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, check=False)
+
+
+@pytest.fixture(scope="package")
+def prometheus(node: NodeCluster) -> str:
+    with node.entered():
+        node.cluster.apply(prometheus_manifests(node.images))
+        wait_pods_ready(
+            node.cluster, PROMETHEUS_NAMESPACE, "app.kubernetes.io/name=prometheus", 180
+        )
+        return f"http://{cluster_ip(node.cluster, PROMETHEUS_NAMESPACE, 'prometheus')}:9090"

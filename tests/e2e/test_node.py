@@ -1,7 +1,7 @@
-"""The real node: a kubelet registered under the Node authorizer, pods run by
-containerd + runc on the CNI bridge, `kubectl logs/exec/port-forward` through the API
-server, and a ClusterIP Service routed by kube-proxy to two replicas, from the node
-and from a pod."""
+"""The real nodes: two kubelets registered under the Node authorizer, pods run by
+containerd + runc on each node's CNI bridge, `kubectl logs/exec/port-forward` through
+the API server to the second node, and a ClusterIP Service routed by kube-proxy to two
+replicas spread over the two nodes, from a node and from a pod on the other node."""
 
 from __future__ import annotations
 
@@ -33,34 +33,38 @@ SERVER = (
 )
 
 
-def test_node_is_a_real_kubelet(node: NodeCluster, kube: KubeCluster) -> None:
-    with kube.api_client() as api:
-        obj = client.CoreV1Api(api).read_node(node.node_name)
-    info = obj.status.node_info
-    assert info.kubelet_version == "v1.36.3"
-    assert info.container_runtime_version.startswith("containerd://")
-    addresses = {a.type: a.address for a in obj.status.addresses}
-    assert addresses["InternalIP"] == node.node_ip
-    conds = {c.type: c.status for c in obj.status.conditions}
-    assert conds["Ready"] == "True"
-    assert not [t for t in obj.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
-    # The images the test bed built are in the node's runtime.
-    names = {n for image in obj.status.images or [] for n in image.names or []}
-    for tag in (node.images.engine, node.images.operator, node.images.pause):
-        assert f"docker.io/{tag}" in names, tag
+def test_both_nodes_are_real_kubelets(node: NodeCluster, kube: KubeCluster) -> None:
+    assert [n.name for n in node.nodes] == ["slimspec-node", "slimspec-node-2"]
+    for each in node.nodes:
+        with kube.api_client() as api:
+            obj = client.CoreV1Api(api).read_node(each.name)
+        info = obj.status.node_info
+        assert info.kubelet_version == "v1.36.3"
+        assert info.container_runtime_version.startswith("containerd://")
+        addresses = {a.type: a.address for a in obj.status.addresses}
+        assert addresses["InternalIP"] == each.ip
+        conds = {c.type: c.status for c in obj.status.conditions}
+        assert conds["Ready"] == "True"
+        assert not [t for t in obj.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
+        # The images the test bed built are in each node's own runtime.
+        names = {n for image in obj.status.images or [] for n in image.names or []}
+        for tag in (node.images.engine, node.images.operator, node.images.pause):
+            assert f"docker.io/{tag}" in names, (each.name, tag)
 
 
-def test_the_node_authorizer_confines_the_kubelet(node: NodeCluster, kube: KubeCluster) -> None:
-    """The kubelet's credentials work for its own Node and nothing it has no pod for."""
-    with kube.api_client(token="slimspec-kubelet-token") as api:
+def test_the_node_authorizer_confines_each_kubelet(node: NodeCluster, kube: KubeCluster) -> None:
+    """A kubelet's credentials work for its own Node, not the other node, and nothing
+    it has no pod for."""
+    first, second = node.nodes
+    with kube.api_client(token=f"{second.name}-kubelet-token") as api:
         core = client.CoreV1Api(api)
-        assert core.read_node(node.node_name).metadata.name == node.node_name
+        assert core.read_node(second.name).metadata.name == second.name
         with pytest.raises(ApiException) as denied:
             core.read_namespaced_secret("anything", "kube-system")
         assert denied.value.status == 403
         with pytest.raises(ApiException) as other:
-            core.patch_node("another-node", {"metadata": {"labels": {"x": "y"}}})
-        assert other.value.status in (403, 404)
+            core.patch_node(first.name, {"metadata": {"labels": {"x": "y"}}})
+        assert other.value.status == 403
 
 
 @pytest.fixture
@@ -77,6 +81,12 @@ def web(in_node: None, kube: KubeCluster, node: NodeCluster) -> Iterator[str]:
                 "metadata": {"labels": {"app": "web"}},
                 "spec": {
                     "terminationGracePeriodSeconds": 1,
+                    # one replica on each node
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"app": "web"}},
+                    }],
                     "containers": [
                         {
                             "name": "web",
@@ -110,7 +120,26 @@ def web(in_node: None, kube: KubeCluster, node: NodeCluster) -> Iterator[str]:
     kube.delete_namespace(ns)
 
 
-def test_service_routes_to_both_replicas_from_node_and_pod(kube: KubeCluster, web: str) -> None:
+def web_pods(kube: KubeCluster, ns: str) -> dict[str, str]:
+    """node name -> the web pod on it."""
+    out = kube.kubectl(
+        "get",
+        "pods",
+        "-n",
+        ns,
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name}{'\\n'}{end}",
+    )
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())  # fmt: skip
+
+
+def test_service_routes_to_both_replicas_from_node_and_pod(
+    node: NodeCluster, kube: KubeCluster, web: str
+) -> None:
+    on = web_pods(kube, web)
+    assert set(on) == {n.name for n in node.nodes}, on  # one replica per node
     ip = cluster_ip(kube, web, "web")
     seen: set[str] = set()
 
@@ -118,20 +147,25 @@ def test_service_routes_to_both_replicas_from_node_and_pod(kube: KubeCluster, we
         seen.add(httpx.get(f"http://{ip}/", timeout=5).text)
         return len(seen) == 2
 
+    # From the first node: ClusterIP -> the local pod, and over the link to the other.
     wait_until(both, 60, f"answers from both replicas behind {ip}", interval=0.1)
-    pod = kube.kubectl("get", "pods", "-n", web, "-l", "app=web", "-o",
-                       "jsonpath={.items[0].metadata.name}").stdout  # fmt: skip
-    # From inside a pod: pod -> ClusterIP -> a pod on the same bridge, and back.
+    assert seen == set(on.values())
+    # From a pod on the second node: pod -> ClusterIP -> either pod (one across the
+    # link) and back; the pod IPs answer directly too.
+    pod = on[node.nodes[1].name]
     fetch = (
-        f"import urllib.request as u; print(u.urlopen('http://{ip}/', timeout=5).read().decode())"
+        "import sys, urllib.request as u\n"
+        "get = lambda: u.urlopen(f'http://{sys.argv[1]}/', timeout=5).read().decode()\n"
+        "seen = {get() for _ in range(40)}\n"
+        "print(' '.join(sorted(seen)))"
     )
-    out = kube.kubectl("exec", "-n", web, pod, "--", "python", "-c", fetch)
-    assert out.stdout.strip().startswith("web-")
+    out = kube.kubectl("exec", "-n", web, pod, "--", "python", "-c", fetch, ip)
+    assert set(out.stdout.split()) == set(on.values()), out.stdout
 
 
-def test_kubectl_logs_exec_and_port_forward(kube: KubeCluster, web: str) -> None:
-    pod = kube.kubectl("get", "pods", "-n", web, "-l", "app=web", "-o",
-                       "jsonpath={.items[0].metadata.name}").stdout  # fmt: skip
+def test_kubectl_logs_exec_and_port_forward(node: NodeCluster, kube: KubeCluster, web: str) -> None:
+    # The pod on the second node: the API server reaches its kubelet over the link.
+    pod = web_pods(kube, web)[node.nodes[1].name]
     assert "listening" in kube.kubectl("logs", "-n", web, pod).stdout
     assert kube.kubectl("exec", "-n", web, pod, "--", "id", "-u").stdout.strip() == "10001"
     port = free_port()

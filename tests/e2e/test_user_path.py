@@ -30,7 +30,6 @@ from slimspec_testbed.scenarios.resources import service_from_example, with_vers
 from slimspec_testbed.scenarios.userpath import (
     ENGINE_SELECTOR,
     OPERATOR_NAMESPACE,
-    PROMETHEUS_NAMESPACE,
     SERVICE_NAMESPACE,
     LoadClients,
     Result,
@@ -40,7 +39,6 @@ from slimspec_testbed.scenarios.userpath import (
     percentile,
     pod_ready,
     pods,
-    prometheus_manifests,
     prometheus_query,
     served,
     summary,
@@ -48,6 +46,8 @@ from slimspec_testbed.scenarios.userpath import (
     wait_until,
 )
 from slimspec_testbed.tools import REPO_ROOT
+
+from .conftest import record
 
 pytestmark = [
     pytest.mark.e2e,
@@ -62,20 +62,12 @@ SELECTOR = f"{ENGINE_SELECTOR},{INSTANCE}"
 ENGINE_READY_S = 600  # first start on a loaded 2-core machine: torch import, load, warm-up
 STATUS_LAG_S = 60  # pods Ready -> the resource's condition (the operator reacts to the Deployment)
 KERNEL_CHECK = REPO_ROOT / "scripts" / "image" / "native_kernels.py"
-RESULTS = REPO_ROOT / "tests" / "e2e" / ".results"
 
 
 def engine_pods(kube: KubeCluster) -> list[client.V1Pod]:
     return [
         p for p in pods(kube, SERVICE_NAMESPACE, SELECTOR) if p.metadata.deletion_timestamp is None
     ]
-
-
-def record(name: str, data: dict[str, Any]) -> None:
-    """Measurements for the report (the suite's figures, not assertions)."""
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
-    print(f"{name}: {json.dumps(data)}")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +115,7 @@ def test_engine_pods_ready_through_their_probes(
         assert container.image == node.images.engine
         (status,) = pod.status.container_statuses
         assert status.ready and status.image_id.startswith("sha256:")
-        assert pod.spec.node_name == node.node_name
+        assert pod.spec.node_name in {n.name for n in node.nodes}
 
     # The resource reports it, from what the operator observed: the Deployment
     # controller counts the ready pods first, then the operator hears of it, so the
@@ -250,14 +242,9 @@ def test_version_change_under_load_drops_nothing(
     assert not failed, (len(failed), len(requests), result["failures"], failed[:5])
 
 
-@pytest.fixture(scope="module")
-def prometheus(in_node: None, kube: KubeCluster, node: NodeCluster, chat: dict[str, Any]) -> str:
-    kube.apply(prometheus_manifests(node.images))
-    wait_pods_ready(kube, PROMETHEUS_NAMESPACE, "app.kubernetes.io/name=prometheus", 180)
-    return f"http://{cluster_ip(kube, PROMETHEUS_NAMESPACE, 'prometheus')}:9090"
-
-
-def test_prometheus_finds_the_engines_by_pod_discovery(kube: KubeCluster, prometheus: str) -> None:
+def test_prometheus_finds_the_engines_by_pod_discovery(
+    kube: KubeCluster, chat: dict[str, Any], prometheus: str
+) -> None:
     # The engines of the earlier tests, Ready: without one, "every engine is scraped"
     # would hold of the empty set and say nothing about discovery.
     want = {p.metadata.name for p in engine_pods(kube) if pod_ready(p)}

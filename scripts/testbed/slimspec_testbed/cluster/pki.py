@@ -13,8 +13,9 @@ def _openssl(*args: str, cwd: Path) -> None:
     run_checked(["openssl", *args], cwd=cwd, timeout=60)
 
 
-def make_pki(pki: Path) -> None:
-    """CA, API serving cert (127.0.0.1/localhost) and service-account key pair."""
+def make_pki(pki: Path, server_ips: tuple[str, ...] = ()) -> None:
+    """CA, API serving cert (127.0.0.1/localhost, and `server_ips`: addresses other
+    nodes reach it at) and service-account key pair."""
     pki.mkdir(parents=True, exist_ok=True)
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key", cwd=pki)
     _openssl(
@@ -26,9 +27,10 @@ def make_pki(pki: Path) -> None:
         "req", "-new", "-key", "server.key", "-subj", "/CN=kube-apiserver", "-out",
         "server.csr", cwd=pki,
     )  # fmt: skip
+    extra = "".join(f",IP:{ip}" for ip in server_ips)
     (pki / "server.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
-        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\n"
+        f"DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1{extra}\n"
         "extendedKeyUsage=serverAuth\n"
     )
     _openssl(

@@ -1,15 +1,18 @@
-"""A real single-node Kubernetes cluster for the end-to-end tests.
+"""A real Kubernetes cluster of one or two nodes for the end-to-end tests.
 
 ``scripts/testbed/node.sh up`` makes a private network + mount namespace with the
 pods' bridge (the node IP), starts the node's containerd and imports the test bed's
-images into it (by content tag). This module then starts a control plane *inside that
-network namespace* — etcd, kube-apiserver (Node + RBAC authorization,
+images into it (by content tag). This module then starts a control plane *inside the
+first node's network namespace* — etcd, kube-apiserver (Node + RBAC authorization,
 NodeRestriction), kube-controller-manager (node lifecycle included), kube-scheduler —
 each with the identity a real cluster gives it, and ``node.sh start`` adds kubelet and
 kube-proxy. Pods run for real: images from the node's containerd, CNI bridge
-addresses, probes by kubelet, Services through kube-proxy's iptables rules.
+addresses, probes by kubelet, Services through kube-proxy's iptables rules. With
+``nodes=2`` a second node (its own namespaces, containerd, kubelet and kube-proxy) is
+joined to the first by a veth pair (``node.sh link``); its kubelet reaches the API
+server at the first node's IP, and each node routes the other's pod range.
 
-``with running_node_cluster() as node:`` yields a :class:`NodeCluster`:
+``with running_node_cluster(nodes=2) as node:`` yields a :class:`NodeCluster`:
 
 - ``.cluster``: a :class:`~slimspec_testbed.cluster.handle.KubeCluster` (admin kubeconfig,
   ``kubectl``, ``apply``, ``api_client``, ``create_namespace`` ...). Its API server
@@ -17,9 +20,11 @@ addresses, probes by kubelet, Services through kube-proxy's iptables rules.
 - ``.entered()``: a context manager that puts the calling thread into the node's
   network namespace (pod IPs, Service ClusterIPs, the API server).
 - ``.images``: the :class:`~slimspec_testbed.node.images.ImageTags` the node holds.
-- ``.node_name``, ``.node_ip``, ``.node_dir`` (logs: ``logs/*.log``), ``.logs()``.
+- ``.node_name``, ``.node_ip``, ``.node_dir`` (logs: ``logs/*.log``): the first node;
+  ``.nodes``: every node (:class:`Node`: ``name``, ``ip``, ``dir``); ``.logs()``.
 
-Nothing is routed off the machine: the namespace has only ``lo`` and the bridge.
+Nothing is routed off the machine: a namespace has only ``lo``, the bridge and the
+link to the other node.
 Tear-down removes processes, mounts, interfaces, iptables rules and cgroups; a
 watchdog does it when the owning process dies, and the next ``up`` cleans up after a
 killed watchdog (``node.sh``). ``SLIMSPEC_TESTBED_KEEP=1`` keeps the node's directory.
@@ -29,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -79,6 +83,15 @@ def read_state(node_dir: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
+@dataclass(frozen=True)
+class Node:
+    """One node of the cluster: its Kubernetes name, IP and run directory."""
+
+    name: str
+    ip: str
+    dir: Path
+
+
 @dataclass
 class NodeCluster:
     """Handle on a running real-node cluster; see the module docstring."""
@@ -90,28 +103,33 @@ class NodeCluster:
     node_name: str
     node_ip: str
     timings: dict[str, float] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
 
     def entered(self) -> contextlib.AbstractContextManager[None]:
         return self.netns.entered()
 
     def node_exec(
-        self, *argv: str, check: bool = True, timeout: float = 60
+        self, *argv: str, check: bool = True, timeout: float = 60, node: int = 0
     ) -> subprocess.CompletedProcess[str]:
-        """Run a command inside the node's network + mount namespace."""
-        return _run_node_script("exec", str(self.node_dir), *argv, check=check, timeout=timeout)
+        """Run a command inside a node's network + mount namespace (the first's by default)."""
+        node_dir = self.nodes[node].dir if self.nodes else self.node_dir
+        return _run_node_script("exec", str(node_dir), *argv, check=check, timeout=timeout)
 
     def logs(self, chars: int = 3000) -> str:
         parts = [self.cluster.logs()]
-        for path in sorted((self.node_dir / "logs").glob("*.log")):
-            parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-chars:]}")
+        for node in self.nodes:
+            for path in sorted((node.dir / "logs").glob("*.log")):
+                text = path.read_text(errors="replace")[-chars:]
+                parts.append(f"--- {node.name}: {path.name} ---\n{text}")
         return "\n".join(parts)
 
     def check_alive(self) -> None:
         dead = [c.name for c in self.cluster.components if not c.alive()]
         dead += [
-            name
+            f"{node.name}: {name}"
+            for node in self.nodes
             for name in ("containerd", "kubelet", "kube-proxy")
-            if not _pid_file_alive(self.node_dir / f"{name}.pid")
+            if not _pid_file_alive(node.dir / f"{name}.pid")
         ]
         if dead:
             fail(f"real node component(s) died: {dead}\n{self.logs()}", traceback=False)
@@ -147,12 +165,18 @@ def _in_ns(holder: int) -> list[str]:
     return ["nsenter", "-t", str(holder), "-n", "--"]
 
 
-def _write_tokens(workdir: Path, node_name: str) -> None:
+def _kubelet_token(node_name: str) -> str:
+    return f"{node_name}-kubelet-token"
+
+
+def _write_tokens(workdir: Path, node_names: list[str]) -> None:
     rows = [
         f'{tok},{user},uid-{name},"{groups}"' for name, (tok, user, groups) in IDENTITIES.items()
     ]
-    # The kubelet's identity: the Node authorizer and NodeRestriction key on it.
-    rows.append(f'slimspec-kubelet-token,system:node:{node_name},uid-kubelet,"system:nodes"')
+    # Each kubelet's identity: the Node authorizer and NodeRestriction key on it.
+    rows += [
+        f'{_kubelet_token(n)},system:node:{n},uid-kubelet-{n},"system:nodes"' for n in node_names
+    ]
     (workdir / "tokens.csv").write_text("\n".join(rows) + "\n")
 
 
@@ -239,27 +263,37 @@ def _node_ready(core: client.CoreV1Api, name: str) -> bool:
     return conds.get("Ready") == "True" and "node.kubernetes.io/not-ready" not in taints
 
 
-def _start(node_dir: Path, timings: dict[str, float]) -> NodeCluster:
+def _up(node_dir: Path, index: int, timings: dict[str, float]) -> dict[str, str]:
     t0 = time.monotonic()
     # The first run imports several GB of images: allow for it (and for the node lock).
-    up = _run_node_script("up", str(node_dir), str(os.getpid()), timeout=3600)
-    timings["node_up_s"] = time.monotonic() - t0
+    up = _run_node_script("up", str(node_dir), str(os.getpid()), str(index), timeout=3600)
+    timings[f"node{index}_up_s" if index else "node_up_s"] = time.monotonic() - t0
     (node_dir / "logs" / "node-up.log").write_text(up.stdout + up.stderr)
-    state = read_state(node_dir)
-    holder = int(state["HOLDER_PID"])
+    return read_state(node_dir)
+
+
+def _start(node_dirs: list[Path], timings: dict[str, float]) -> NodeCluster:
+    states = [_up(d, i, timings) for i, d in enumerate(node_dirs)]
+    if len(node_dirs) == 2:
+        _run_node_script("link", *map(str, node_dirs))
+    nodes = [
+        Node(st["NODE_NAME"], st["NODE_IP"], d) for st, d in zip(states, node_dirs, strict=True)
+    ]
+    first = nodes[0]
+    holder = int(states[0]["HOLDER_PID"])
     netns = NetworkNamespace(holder)
-    workdir = node_dir / "control-plane"
+    workdir = first.dir / "control-plane"
     workdir.mkdir()
-    make_pki(workdir / "pki")
-    _write_tokens(workdir, state["NODE_NAME"])
+    make_pki(workdir / "pki", server_ips=(first.ip,))
+    _write_tokens(workdir, [n.name for n in nodes])
     t1 = time.monotonic()
-    components = _start_control_plane(workdir, holder, state["NODE_IP"], state["SERVICE_CIDR"])
+    components = _start_control_plane(workdir, holder, first.ip, states[0]["SERVICE_CIDR"])
     etcd, apiserver, kcm, scheduler = components
     ca_file = workdir / "pki" / "ca.crt"
     admin_token = IDENTITIES["admin"][0]
     kubeconfig = _kubeconfig(workdir, "admin")
     cluster = KubeCluster(workdir, LOCAL_SERVER, ca_file, admin_token, kubeconfig, components)
-    cluster.node_name = state["NODE_NAME"]
+    cluster.node_name = first.name
     with netns.entered():
         poll(
             lambda: (
@@ -271,23 +305,31 @@ def _start(node_dir: Path, timings: dict[str, float]) -> NodeCluster:
             "kube-apiserver /readyz (in the node's namespace)",
         )
         timings["control_plane_s"] = time.monotonic() - t1
-        kubelet_cfg = node_dir / "kubelet.kubeconfig"
-        write_kubeconfig(
-            kubelet_cfg, LOCAL_SERVER, ca_file, "slimspec-kubelet-token",
-            f"system:node:{state['NODE_NAME']}",
-        )  # fmt: skip
-        shutil.copy(_kubeconfig(workdir, "kube-proxy"), node_dir / "kube-proxy.kubeconfig")
+        proxy_token, proxy_user, _ = IDENTITIES["kube-proxy"]
+        for node in nodes:
+            # The first node's parts share its namespace (loopback); the others come
+            # over the link to the first node's IP.
+            server = LOCAL_SERVER if node is first else f"https://{first.ip}:{APISERVER_PORT}"
+            write_kubeconfig(
+                node.dir / "kubelet.kubeconfig", server, ca_file, _kubelet_token(node.name),
+                f"system:node:{node.name}",
+            )  # fmt: skip
+            write_kubeconfig(
+                node.dir / "kube-proxy.kubeconfig", server, ca_file, proxy_token, proxy_user
+            )
         t2 = time.monotonic()
-        _run_node_script("start", str(node_dir), timeout=120)
+        for node in nodes:
+            _run_node_script("start", str(node.dir), timeout=120)
         with cluster.api_client() as api:
             core = client.CoreV1Api(api)
+            names = [n.name for n in nodes]
             poll(
                 lambda: (
                     all(_alive_or_fail(c) for c in (kcm, scheduler))
-                    and _node_ready(core, state["NODE_NAME"])
+                    and all(_node_ready(core, n) for n in names)
                 ),
                 120,
-                f"node {state['NODE_NAME']} Ready without the not-ready taint",
+                f"nodes {names} Ready without the not-ready taint",
             )
             poll(
                 lambda: core.read_namespaced_service_account("default", "default"),
@@ -297,12 +339,13 @@ def _start(node_dir: Path, timings: dict[str, float]) -> NodeCluster:
         timings["kubelet_to_ready_s"] = time.monotonic() - t2
     return NodeCluster(
         cluster=cluster,
-        node_dir=node_dir,
+        node_dir=first.dir,
         netns=netns,
         images=image_tags(),
-        node_name=state["NODE_NAME"],
-        node_ip=state["NODE_IP"],
+        node_name=first.name,
+        node_ip=first.ip,
         timings=timings,
+        nodes=nodes,
     )
 
 
@@ -311,24 +354,29 @@ def _down(node_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_node_cluster() -> Iterator[NodeCluster]:
-    """Bring up the node and its control plane, yield it, always tear it all down."""
-    node_dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+def running_node_cluster(nodes: int = 1) -> Iterator[NodeCluster]:
+    """Bring up `nodes` (1 or 2) nodes and the control plane, yield them, always tear it
+    all down."""
+    if nodes not in (1, 2):
+        raise ValueError(f"nodes={nodes}: the test bed runs one or two nodes")
+    node_dirs = [Path(tempfile.mkdtemp(prefix=RUN_PREFIX)) for _ in range(nodes)]
     timings: dict[str, float] = {}
     node: NodeCluster | None = None
     try:
-        node = _start(node_dir, timings)
+        node = _start(node_dirs, timings)
     except BaseException as exc:
-        logs = _collect_logs(node_dir)
-        _down(node_dir)  # the control plane too: it runs in the node's namespace
+        logs = "\n".join(_collect_logs(d) for d in node_dirs)
+        for d in reversed(node_dirs):
+            _down(d)  # the control plane too: it runs in the first node's namespace
         if isinstance(exc, TestbedError):
-            fail(f"{exc}\nlogs of the node run {node_dir}:\n{logs}", traceback=False)
+            fail(f"{exc}\nlogs of the node run {node_dirs}:\n{logs}", traceback=False)
         raise
     try:
         yield node
     finally:
         node.cluster.stop()
-        _down(node_dir)
+        for d in reversed(node_dirs):
+            _down(d)
 
 
 def _collect_logs(node_dir: Path, chars: int = 2500) -> str:
