@@ -202,7 +202,8 @@ def _classify(exc: Exception) -> str:
 @dataclass
 class LoadClients:
     """``clients`` threads, each with its own keep-alive HTTP client (as an SDK
-    would), posting short /infer requests back to back to ``base_url``.
+    would), posting short /infer requests to ``base_url`` back to back (or
+    ``think_s`` apart: a lighter load).
 
     Every request is recorded with its outcome: a connection refused, a reset or
     closed connection, a timeout, a 5xx or another status all count as failures."""
@@ -212,6 +213,7 @@ class LoadClients:
     max_length: int = 4
     timeout_s: float = 300.0  # the engine's own default request timeout
     prompt: str = "The capital of France is"
+    think_s: float = 0.0
     results: list[Result] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -236,6 +238,8 @@ class LoadClients:
                     self.results.append(res)
                 if not res.ok:
                     time.sleep(0.2)  # a client backs off a little, then tries again
+                elif self.think_s:
+                    self._stop.wait(self.think_s)
 
     def start(self) -> LoadClients:
         for i in range(self.clients):

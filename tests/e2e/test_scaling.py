@@ -1,0 +1,110 @@
+"""Scaling on the two real nodes, under real traffic through the Service, every
+request counted (slimspec_testbed.scenarios.scaling):
+
+- the operator's autoscaler (``autoscaling.mode: operator``, the in-cluster
+  Prometheus's request rate) takes the resource from 1 replica to 2 under 4
+  back-to-back clients and back to 1 under a trickle: 0 failed, the scale-down
+  included (the removed pod drains what it holds);
+- the two replicas land on different nodes (the operator's default spread);
+- ``kubectl drain`` of the second node while 4 clients send requests: 0 failed, the
+  PodDisruptionBudget refuses a second eviction while the evicted replica is away,
+  and the replacement runs on the other node.
+
+KEDA is not here: it has never been built or run on the test bed (docs/testbed.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from slimspec_testbed.cluster.handle import KubeCluster
+from slimspec_testbed.node.node_cluster import NodeCluster
+from slimspec_testbed.scenarios.scaling import (
+    autoscaled_service,
+    drain_under_load,
+    fixed_replicas,
+    live_pods,
+    scale_cycle,
+)
+from slimspec_testbed.scenarios.userpath import (
+    SERVICE_NAMESPACE,
+    cluster_ip,
+    pod_ready,
+    wait_until,
+)
+
+from .conftest import record
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("in_node", "operator_release"),
+]
+
+NAME = "scale"
+ENGINE_READY_S = 600
+
+
+@pytest.fixture(scope="module")
+def scaled(
+    in_node: None, node: NodeCluster, kube: KubeCluster, models_pv: str, prometheus: str
+) -> Iterator[dict[str, Any]]:
+    body = autoscaled_service(node.images, models_pv, prometheus, name=NAME)
+    kube.apply(body)
+    wait_until(
+        lambda: [p for p in live_pods(kube, NAME) if pod_ready(p)],
+        ENGINE_READY_S,
+        f"{NAME}: one engine pod ready",
+    )
+    yield body
+    kube.kubectl("delete", "slimspecservice", NAME, "-n", SERVICE_NAMESPACE, "--wait=true",
+                 timeout=300, check=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base_url(in_node: None, kube: KubeCluster, scaled: dict[str, Any]) -> str:
+    return f"http://{cluster_ip(kube, SERVICE_NAMESPACE, NAME)}:8080"
+
+
+def test_load_adds_a_replica_and_a_trickle_removes_it_dropping_nothing(
+    node: NodeCluster, kube: KubeCluster, scaled: dict[str, Any], base_url: str
+) -> None:
+    result = scale_cycle(kube, NAME, base_url, clients=4)
+    record("scale_cycle", {k: v for k, v in result.items() if k not in ("timeline", "latencies")})
+    assert not result["failures"], result["failures"]
+    assert result["scale_failed_requests"] == 0
+    assert result["scale_up_requests"]["requests"] > 0
+    assert result["scale_down_requests"]["requests"] > 0
+    # the spec went 1 -> 2 -> 1, written by the operator's autoscaler
+    replicas = [row["spec_replicas"] for row in result["timeline"]]
+    assert 2 in replicas and replicas[-1] == 1, replicas
+    assert max(r for r in replicas if r is not None) == 2  # maxReplicas held
+    assert result["last_autoscaling_status"].get("desiredReplicas") == 1
+    # the default spread put the two replicas on the two nodes
+    assert result["nodes_at_two_replicas"] == sorted(n.name for n in node.nodes)
+
+
+def test_a_drain_under_load_drops_nothing_and_the_budget_holds(
+    node: NodeCluster, kube: KubeCluster, scaled: dict[str, Any], base_url: str
+) -> None:
+    kube.apply(fixed_replicas(scaled, 2))
+
+    def two_on_two_nodes() -> bool:
+        ready = [p for p in live_pods(kube, NAME) if pod_ready(p)]
+        return len(ready) == 2 and len({p.spec.node_name for p in ready}) == 2
+
+    wait_until(two_on_two_nodes, ENGINE_READY_S, f"{NAME}: 2 replicas on 2 nodes", 1.0)
+    drained = node.nodes[1].name
+    result = drain_under_load(kube, NAME, base_url, drained, clients=4)
+    record("drain", {k: v for k, v in result.items() if k not in ("timeline", "latencies")})
+    assert result["drain_failed_requests"] == 0, result["failures"]
+    assert result["drain_requests"]["requests"] > 0
+    # the budget (maxUnavailable 1) refused a second eviction while one replica was away
+    statuses = result["second_eviction_statuses"]
+    assert statuses and statuses[0] == 429 and set(statuses[:-1]) <= {429}, statuses
+    # the evicted replica runs again, on the node that was not drained
+    assert len(result["pods_after"]) == 2
+    assert set(result["pods_after"].values()) == {node.nodes[0].name}
+    assert "evicting pod" in result["drain_output"] or "evicted" in result["drain_output"]
