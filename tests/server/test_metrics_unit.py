@@ -81,3 +81,11 @@ def test_observe_step_turns_cumulative_stats_into_counters() -> None:
     # a retired engine's cache no longer counts
     m.forget_engine(eng)
     assert "slimspec_prefix_cache_bytes 0.0" in m.render().decode()
+
+
+def test_an_idle_engine_exports_zero_requests_not_nothing() -> None:
+    # sum(rate(slimspec_requests_total[...])) is then 0 for an idle engine, where an
+    # absent series would give an empty result that autoscalers read as metrics lost
+    text = Metrics(enable_gpu=False).render().decode()
+    for endpoint in ("/infer", "/v1/completions", "/v1/chat/completions"):
+        assert f'slimspec_requests_total{{code="200",endpoint="{endpoint}"}} 0.0' in text

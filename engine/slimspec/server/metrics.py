@@ -26,6 +26,9 @@ from slimspec.decoding.engine import Engine
 from slimspec.decoding.stats import DecoderStats
 from slimspec.server.compression_metrics import CompressionMetrics
 
+# The endpoints that generate: counted in slimspec_requests_total, watched in flight.
+GENERATION_ENDPOINTS = ("/infer", "/v1/completions", "/v1/chat/completions")
+
 log = logging.getLogger(__name__)
 
 # 25 ms .. 30 s; dense between 50 ms and 5 s, where the chart's latency alerts are set,
@@ -132,6 +135,11 @@ class Metrics:
         self.requests = Counter(
             "slimspec_requests_total", "Requests answered", ["endpoint", "code"], registry=r
         )
+        # Exported at 0 from the start: an idle engine's request rate is then 0, not
+        # an empty query result (which KEDA's trigger and the tuner read as "metrics
+        # lost" and hold on).
+        for endpoint in GENERATION_ENDPOINTS:
+            self.requests.labels(endpoint=endpoint, code="200")
         self.generated = Counter("slimspec_generated_tokens_total", "Tokens generated", registry=r)
         self.drafted = Counter("slimspec_draft_tokens_total", "Draft tokens proposed", registry=r)
         self.accepted = Counter(

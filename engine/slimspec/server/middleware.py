@@ -15,10 +15,10 @@ from fastapi import Request
 
 from slimspec.server.errors import ApiError, error_response
 from slimspec.server.http import connection_age
+from slimspec.server.metrics import GENERATION_ENDPOINTS
 
 log = logging.getLogger(__name__)
 
-GENERATION_ENDPOINTS = ("/infer", "/v1/completions", "/v1/chat/completions")
 CLIENT_CLOSED = 499  # nginx's code for a client that went away before the answer
 
 
