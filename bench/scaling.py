@@ -1,7 +1,7 @@
 """Scaling on the two real nodes: the operator's autoscaler under real traffic, and a
 node drain under load.
 
-    .venv/bin/python bench/scaling.py [--clients 4] [--trickle-think 6]
+    .venv/bin/python bench/scaling.py [--clients 4] [--trickle-think 6] [--no-keda]
         [--out bench/results/scaling.json]
 
 Everything is real (slimspec_testbed.node.node_cluster with two nodes, each its own
@@ -18,7 +18,10 @@ Measured:
 - scale_down_s: the load drops to one client every `--trickle-think` seconds -> one
   engine pod left (stabilisation window 30 s, the removed pod drained and gone);
 - drain: `kubectl drain` of the second node while `--clients` clients send requests
-  to 2 replicas (one per node); the replacement starts on the first node.
+  to 2 replicas (one per node); the replacement starts on the first node;
+- keda_*: the same load cycle on a resource in autoscaling.mode keda (KEDA built
+  from its Go module: the ScaledObject the operator writes, KEDA's HPA on the
+  external metric through the aggregation layer); `--no-keda` skips it.
 Every failed request counts (refused, reset, timeout, 5xx, other). Results: JSON
 and a plot of replicas, ready pods and request latency over time.
 """
@@ -33,8 +36,16 @@ from typing import Any
 
 import serving as serving_bench  # bench/serving.py: cpu_model
 import yaml
+from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.models import small_real_model
+from slimspec_testbed.node.images import ImageTags
 from slimspec_testbed.node.node_cluster import running_node_cluster
+from slimspec_testbed.scenarios.keda import (
+    install_keda,
+    keda_mode,
+    replica_writers,
+    scaled_object_ready,
+)
 from slimspec_testbed.scenarios.scaling import (
     ENGINE_READY_S,
     autoscaled_service,
@@ -62,18 +73,17 @@ from slimspec_testbed.tools import Helm, helm_env, tool_path
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "scale"
+KEDA_NAME = "scale-keda"
 
 
-def plot(path: Path, cycle: dict[str, Any], drain: dict[str, Any]) -> None:
+def plot(path: Path, runs: list[tuple[str, dict[str, Any]]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 6), sharex="col")
-    for col, (title, run) in enumerate(
-        (("autoscaling: load, then a trickle", cycle), ("drain of the second node", drain))
-    ):
+    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 6), sharex="col")
+    for col, (title, run) in enumerate(runs):
         top, bottom = axes[0][col], axes[1][col]
         rows = run["timeline"]
         t = [r["t"] for r in rows]
@@ -98,10 +108,30 @@ def plot(path: Path, cycle: dict[str, Any], drain: dict[str, Any]) -> None:
     fig.savefig(path, dpi=110)
 
 
+def keda_cycle(
+    kube: KubeCluster, images: ImageTags, model_path: str, prometheus: str, args: Any
+) -> dict[str, Any]:
+    """KEDA installed, a resource in autoscaling.mode keda, the same load cycle."""
+    install_keda(kube, images)
+    body = keda_mode(autoscaled_service(images, model_path, prometheus, name=KEDA_NAME))
+    kube.apply(body)
+    wait_until(
+        lambda: [p for p in live_pods(kube, KEDA_NAME) if pod_ready(p)],
+        ENGINE_READY_S,
+        "one engine pod ready (KEDA mode)",
+    )
+    wait_until(lambda: scaled_object_ready(kube, KEDA_NAME), 180, "ScaledObject Ready", 1.0)
+    url = f"http://{cluster_ip(kube, SERVICE_NAMESPACE, KEDA_NAME)}:8080"
+    result = scale_cycle(kube, KEDA_NAME, url, clients=args.clients,
+                         trickle_think_s=args.trickle_think)  # fmt: skip
+    return {**result, "replica_writers": sorted(replica_writers(kube, KEDA_NAME))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--trickle-think", type=float, default=6.0)
+    ap.add_argument("--no-keda", action="store_true", help="skip the KEDA-mode cycle")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scaling.json")
     args = ap.parse_args()
 
@@ -139,6 +169,12 @@ def main() -> int:
         wait_until(two_on_two_nodes, ENGINE_READY_S, "2 replicas on 2 nodes", 1.0)
         drain = drain_under_load(kube, NAME, url, node.nodes[1].name, clients=args.clients)
         print(json.dumps({k: v for k, v in drain.items() if k not in ("timeline", "latencies")}))
+        keda: dict[str, Any] | None = None
+        if not args.no_keda:
+            kube.kubectl("delete", "slimspecservice", NAME, "-n", SERVICE_NAMESPACE,
+                         "--wait=true", timeout=300)  # fmt: skip
+            keda = keda_cycle(kube, node.images, f"models/{model.name}", prometheus, args)
+            print(json.dumps({k: v for k, v in keda.items() if k not in ("timeline", "latencies")}))
         timings = {k: round(v, 1) for k, v in node.timings.items()}
 
     out = {
@@ -147,13 +183,28 @@ def main() -> int:
         "scale_failed_requests": cycle["scale_failed_requests"],
         "drain_failed_requests": drain["drain_failed_requests"],
         "clients": args.clients,
-        "requests_total": cycle["requests_total"] + drain["requests_total"],
+        "requests_total": cycle["requests_total"]
+        + drain["requests_total"]
+        + (keda["requests_total"] if keda else 0),
+        "replica_asked_s": cycle["replica_asked_s"],
+        "replica_ready_s": cycle["replica_ready_s"],
         "drain_s": drain["drain_s"],
         "drain_replacement_ready_s": drain["replacement_ready_s"],
         "second_eviction_statuses": drain["second_eviction_statuses"],
         "nodes_at_two_replicas": cycle["nodes_at_two_replicas"],
+        **(
+            {
+                "keda_scale_up_s": keda["scale_up_s"],
+                "keda_scale_down_s": keda["scale_down_s"],
+                "keda_scale_failed_requests": keda["scale_failed_requests"],
+                "keda_replica_writers": keda["replica_writers"],
+            }
+            if keda
+            else {}
+        ),
         "scale_cycle": cycle,
         "drain": drain,
+        "keda_cycle": keda,
         "setup": {
             "nodes": "two real nodes (kubelet + containerd 1.6 + runc + CNI bridge + "
             "kube-proxy each, joined by a veth link), one control plane, Kubernetes v1.36.3",
@@ -170,8 +221,16 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    plot(args.out.with_suffix(".png"), cycle, drain)
-    summary = {k: v for k, v in out.items() if k not in ("scale_cycle", "drain", "setup")}
+    runs = [
+        ("operator autoscaler: load, then a trickle", cycle),
+        ("drain of the second node", drain),
+    ]
+    if keda:
+        runs.append(("KEDA (HPA on its external metric)", keda))
+    plot(args.out.with_suffix(".png"), runs)
+    summary = {
+        k: v for k, v in out.items() if k not in ("scale_cycle", "drain", "keda_cycle", "setup")
+    }
     print(json.dumps(summary, indent=2))
     return 0
 

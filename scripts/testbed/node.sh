@@ -27,7 +27,7 @@
 # lock. `import` fills store 0 from Docker and makes store 1 a hard-linked clone of it
 # (the layers' files are never written in place, so the second store costs seconds and
 # no disk). SLIMSPEC_NODE_IMAGES picks the images to import (default: pause engine
-# operator prometheus). A watchdog tears the node down when OWNER_PID exits, so a
+# operator prometheus keda). A watchdog tears the node down when OWNER_PID exits, so a
 # killed test run leaves nothing behind; `cleanup` (and every `up`) catches what a
 # killed watchdog left.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -41,7 +41,7 @@ LINK_NET=10.243.0
 BRIDGE=cni0
 RUN_PREFIX=slimspec-node-
 NODE_CACHE="${SLIMSPEC_NODE_STORE:-$SLIMSPEC_CACHE/node}"
-NODE_IMAGES="${SLIMSPEC_NODE_IMAGES:-pause engine operator prometheus}"
+NODE_IMAGES="${SLIMSPEC_NODE_IMAGES:-pause engine operator prometheus keda}"
 K8S_NODE_DIR="$SLIMSPEC_CACHE/k8s/$K8S_VERSION-node"
 CNI_BIN=/usr/lib/cni
 export PATH="$PATH:/usr/sbin:/sbin"

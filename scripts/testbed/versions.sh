@@ -25,3 +25,7 @@ K8S_FLOOR_VERSION=v1.29.15
 K8S_FLOOR_STAGING_VERSION=v0.29.15
 K8S_FLOOR_GO_DIRECTIVE=1.21
 K8S_FLOOR_GOTOOLCHAIN=go1.22.12
+# KEDA (operator + external-metrics API server), built from its Go module for the
+# KEDA-mode autoscaling test. v2.21.1 needs Go >= 1.27.4, newer than the toolchains
+# served here; v2.21.0 builds with Go 1.26.
+KEDA_VERSION=v2.21.0

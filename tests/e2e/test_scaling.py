@@ -10,7 +10,7 @@ request counted (slimspec_testbed.scenarios.scaling):
   PodDisruptionBudget refuses a second eviction while the evicted replica is away,
   and the replacement runs on the other node.
 
-KEDA is not here: it has never been built or run on the test bed (docs/testbed.md).
+KEDA's mode is tests/e2e/test_keda.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from slimspec_operator.contract import TUNER_FIELD_MANAGER
 from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.node.node_cluster import NodeCluster
+from slimspec_testbed.scenarios.keda import replica_writers
 from slimspec_testbed.scenarios.scaling import (
     autoscaled_service,
     drain_under_load,
@@ -82,6 +84,8 @@ def test_load_adds_a_replica_and_a_trickle_removes_it_dropping_nothing(
     assert 2 in replicas and replicas[-1] == 1, replicas
     assert max(r for r in replicas if r is not None) == 2  # maxReplicas held
     assert result["last_autoscaling_status"].get("desiredReplicas") == 1
+    # through the scale subresource, and no one else did
+    assert replica_writers(kube, NAME) == {TUNER_FIELD_MANAGER}
     # the default spread put the two replicas on the two nodes
     assert result["nodes_at_two_replicas"] == sorted(n.name for n in node.nodes)
 

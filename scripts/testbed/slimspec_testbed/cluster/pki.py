@@ -42,6 +42,37 @@ def make_pki(pki: Path, server_ips: tuple[str, ...] = ()) -> None:
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
+def make_front_proxy_pki(pki: Path) -> None:
+    """The aggregation layer's CA and the client cert the API server presents to an
+    extension API server (KEDA's metrics server), as kubeadm makes them: a CA of its
+    own, so an extension server trusts the identity headers only from the API server."""
+    _openssl(
+        "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "front-proxy-ca.key",
+        cwd=pki,
+    )  # fmt: skip
+    _openssl(
+        "req", "-x509", "-new", "-key", "front-proxy-ca.key", "-days", "30", "-subj",
+        "/CN=slimspec-front-proxy-ca", "-out", "front-proxy-ca.crt", cwd=pki,
+    )  # fmt: skip
+    _openssl(
+        "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "front-proxy-client.key",
+        cwd=pki,
+    )  # fmt: skip
+    _openssl(
+        "req", "-new", "-key", "front-proxy-client.key", "-subj", f"/CN={FRONT_PROXY_CLIENT}",
+        "-out", "front-proxy-client.csr", cwd=pki,
+    )  # fmt: skip
+    (pki / "front-proxy-client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    _openssl(
+        "x509", "-req", "-in", "front-proxy-client.csr", "-CA", "front-proxy-ca.crt",
+        "-CAkey", "front-proxy-ca.key", "-CAcreateserial", "-days", "30",
+        "-extfile", "front-proxy-client.ext", "-out", "front-proxy-client.crt", cwd=pki,
+    )  # fmt: skip
+
+
 def write_kubeconfig(path: Path, server: str, ca_file: Path, token: str, user: str) -> Path:
     config = {
         "apiVersion": "v1",

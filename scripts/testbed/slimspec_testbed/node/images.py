@@ -42,6 +42,7 @@ class ImageTags:
     operator: str
     pause: str
     prometheus: str
+    keda: str
 
 
 def image_tags() -> ImageTags:
@@ -53,6 +54,7 @@ def image_tags() -> ImageTags:
         operator=tags["OPERATOR_IMAGE"],
         pause=tags["PAUSE_IMAGE"],
         prometheus=tags["PROMETHEUS_IMAGE"],
+        keda=tags["KEDA_IMAGE"],
     )
 
 

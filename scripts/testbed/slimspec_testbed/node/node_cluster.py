@@ -45,7 +45,12 @@ from typing import Any
 from kubernetes import client
 
 from slimspec_testbed.cluster.handle import SA_ISSUER, KubeCluster, https_ok
-from slimspec_testbed.cluster.pki import make_pki, write_kubeconfig
+from slimspec_testbed.cluster.pki import (
+    FRONT_PROXY_CLIENT,
+    make_front_proxy_pki,
+    make_pki,
+    write_kubeconfig,
+)
 from slimspec_testbed.cluster.processes import Component, poll, spawn
 from slimspec_testbed.errors import TestbedError, fail
 from slimspec_testbed.node.images import ImageTags, image_tags
@@ -219,6 +224,16 @@ def _start_control_plane(
             f"--service-account-issuer={SA_ISSUER}", f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={service_cidr}", "--allow-privileged=true",
+            # The aggregation layer, as kubeadm configures it: extension API servers
+            # (KEDA's external metrics) get requests with the caller in headers,
+            # signed by the front proxy's own CA.
+            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
             "--profiling=false", "--v=1",
         ],
         workdir,
@@ -285,6 +300,7 @@ def _start(node_dirs: list[Path], timings: dict[str, float]) -> NodeCluster:
     workdir = first.dir / "control-plane"
     workdir.mkdir()
     make_pki(workdir / "pki", server_ips=(first.ip,))
+    make_front_proxy_pki(workdir / "pki")
     _write_tokens(workdir, [n.name for n in nodes])
     t1 = time.monotonic()
     components = _start_control_plane(workdir, holder, first.ip, states[0]["SERVICE_CIDR"])

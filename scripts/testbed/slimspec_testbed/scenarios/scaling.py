@@ -161,6 +161,16 @@ def latency_rows(results: list[Result], t0: float) -> list[dict[str, Any]]:
     ]
 
 
+def milestones(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """From a scale cycle's timeline: when the spec first asked for a second replica
+    and when a second engine pod was first Ready (seconds since the load started).
+    Between Ready and serving lies the clients' reconnection: a kept-alive connection
+    reaches the new pod once the engine closes it at its max age (30 s by default)."""
+    asked = next((r["t"] for r in rows if (r["spec_replicas"] or 0) >= 2), None)
+    ready = next((r["t"] for r in rows if r["ready"] >= 2), None)
+    return {"replica_asked_s": asked, "replica_ready_s": ready}
+
+
 def _failed(results: list[Result]) -> list[str]:
     return [f"{r.kind}: {r.detail}" for r in results if not r.ok]
 
@@ -176,7 +186,8 @@ def scale_cycle(
 ) -> dict[str, Any]:
     """From 1 replica: `clients` back-to-back clients until a second replica serves,
     then one client `trickle_think_s` apart until the resource is back to 1 replica.
-    Scale-up time: load start -> the added pod Ready and counting requests it served;
+    Scale-up time: load start -> the added pod Ready and counting requests it served
+    (milestones: when it was asked for and Ready);
     scale-down time: load dropped -> one engine pod left (the other drained and gone)."""
     (first,) = wait_until(lambda: live_pods(kube, name), 60, f"{name}: one engine pod")
     timeline = Timeline(kube, name).start()
@@ -214,9 +225,11 @@ def scale_cycle(
     up = heavy.snapshot()
     down = light.snapshot() if light is not None else []
     status = (get_service(kube, name).get("status") or {}).get("autoscaling") or {}
+    rows = timeline.rows(t0)
     return {
         "clients": clients,
         "trickle_think_s": trickle_think_s,
+        **milestones(rows),
         "scale_up_s": round(t_up - t0, 1),
         "scale_down_s": round(t_down - t_idle, 1),
         "nodes_at_two_replicas": nodes,
@@ -226,7 +239,7 @@ def scale_cycle(
         "scale_failed_requests": len(_failed(up)) + len(_failed(down)),
         "failures": (_failed(up) + _failed(down))[:10],
         "last_autoscaling_status": status,
-        "timeline": timeline.rows(t0),
+        "timeline": rows,
         "latencies": latency_rows(up + down, t0),
     }
 

@@ -110,7 +110,8 @@ def operator_values(images: ImageTags, tuning_tick_seconds: float = 1) -> dict[s
     tuning ticks."""
     repo, tag = images.operator.split(":")
     return {
-        "rbac": {"watchNamespaces": [SERVICE_NAMESPACE]},
+        # keda: the operator may write ScaledObjects (tests/e2e/test_keda.py)
+        "rbac": {"watchNamespaces": [SERVICE_NAMESPACE], "keda": True},
         "operator": {
             "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
             "extraEnv": [
