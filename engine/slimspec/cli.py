@@ -160,7 +160,7 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-connection-age",
         type=float,
-        default=30.0,
+        default=10.0,
         help="seconds after which a kept-alive connection is closed after its next answer, "
         "so clients reconnect through the Service and reach new replicas (0: never)",
     )

@@ -59,7 +59,7 @@ class Limits:
     header_timeout_s: float = 10.0  # a request's headers must arrive within this
     # A kept-alive connection older than this is closed after its next answer, so
     # clients reconnect through the Service and reach new replicas (0: never).
-    max_connection_age_s: float = 30.0
+    max_connection_age_s: float = 10.0
 
 
 Loader = Callable[[ModelRef], Engine]

@@ -89,6 +89,32 @@ def live_pods(kube: KubeCluster, name: str) -> list[Any]:
     return [p for p in found if p.metadata.deletion_timestamp is None]
 
 
+def apply_and_wait(kube: KubeCluster, body: dict[str, Any]) -> None:
+    """kubectl apply of a SlimSpecService; returns once one of its engine pods is Ready."""
+    name = body["metadata"]["name"]
+    kube.apply(body)
+    wait_until(
+        lambda: [p for p in live_pods(kube, name) if pod_ready(p)],
+        ENGINE_READY_S,
+        f"{name}: one engine pod ready",
+    )
+
+
+def wait_one_per_node(kube: KubeCluster, name: str, replicas: int) -> None:
+    """Until `replicas` engine pods are Ready, each on a node of its own."""
+
+    def spread() -> bool:
+        ready = [p for p in live_pods(kube, name) if pod_ready(p)]
+        return len(ready) == replicas and len({p.spec.node_name for p in ready}) == replicas
+
+    wait_until(spread, ENGINE_READY_S, f"{name}: {replicas} replicas on {replicas} nodes", 1.0)
+
+
+def delete_service(kube: KubeCluster, name: str) -> None:
+    kube.kubectl("delete", "slimspecservice", name, "-n", SERVICE_NAMESPACE, "--wait=true",
+                 timeout=300, check=False)  # fmt: skip
+
+
 def served_requests(pod: Any) -> float:
     """slimspec_requests_total of one engine pod, read at its IP."""
     text = httpx.get(f"http://{pod.status.pod_ip}:8080/metrics", timeout=10).text
@@ -165,7 +191,7 @@ def milestones(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     """From a scale cycle's timeline: when the spec first asked for a second replica
     and when a second engine pod was first Ready (seconds since the load started).
     Between Ready and serving lies the clients' reconnection: a kept-alive connection
-    reaches the new pod once the engine closes it at its max age (30 s by default)."""
+    reaches the new pod once the engine closes it at its max age (10 s by default)."""
     asked = next((r["t"] for r in rows if (r["spec_replicas"] or 0) >= 2), None)
     ready = next((r["t"] for r in rows if r["ready"] >= 2), None)
     return {"replica_asked_s": asked, "replica_ready_s": ready}
