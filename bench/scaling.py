@@ -47,12 +47,13 @@ from slimspec_testbed.scenarios.keda import (
     scaled_object_ready,
 )
 from slimspec_testbed.scenarios.scaling import (
-    ENGINE_READY_S,
+    apply_and_wait,
     autoscaled_service,
+    delete_service,
     drain_under_load,
     fixed_replicas,
-    live_pods,
     scale_cycle,
+    wait_one_per_node,
 )
 from slimspec_testbed.scenarios.userpath import (
     CHART,
@@ -64,7 +65,6 @@ from slimspec_testbed.scenarios.userpath import (
     models_volume,
     models_volume_dir,
     operator_values,
-    pod_ready,
     prometheus_manifests,
     wait_pods_ready,
     wait_until,
@@ -114,12 +114,7 @@ def keda_cycle(
     """KEDA installed, a resource in autoscaling.mode keda, the same load cycle."""
     install_keda(kube, images)
     body = keda_mode(autoscaled_service(images, model_path, prometheus, name=KEDA_NAME))
-    kube.apply(body)
-    wait_until(
-        lambda: [p for p in live_pods(kube, KEDA_NAME) if pod_ready(p)],
-        ENGINE_READY_S,
-        "one engine pod ready (KEDA mode)",
-    )
+    apply_and_wait(kube, body)
     wait_until(lambda: scaled_object_ready(kube, KEDA_NAME), 180, "ScaledObject Ready", 1.0)
     url = f"http://{cluster_ip(kube, SERVICE_NAMESPACE, KEDA_NAME)}:8080"
     result = scale_cycle(kube, KEDA_NAME, url, clients=args.clients,
@@ -149,30 +144,19 @@ def main() -> int:
         prometheus = f"http://{cluster_ip(kube, PROMETHEUS_NAMESPACE, 'prometheus')}:9090"
 
         body = autoscaled_service(node.images, f"models/{model.name}", prometheus, name=NAME)
-        kube.apply(body)
-        wait_until(
-            lambda: [p for p in live_pods(kube, NAME) if pod_ready(p)],
-            ENGINE_READY_S,
-            "one engine pod ready",
-        )
+        apply_and_wait(kube, body)
         url = f"http://{cluster_ip(kube, SERVICE_NAMESPACE, NAME)}:8080"
         cycle = scale_cycle(kube, NAME, url, clients=args.clients,
                             trickle_think_s=args.trickle_think)  # fmt: skip
         print(json.dumps({k: v for k, v in cycle.items() if k not in ("timeline", "latencies")}))
 
         kube.apply(fixed_replicas(body, 2))
-
-        def two_on_two_nodes() -> bool:
-            ready = [p for p in live_pods(kube, NAME) if pod_ready(p)]
-            return len(ready) == 2 and len({p.spec.node_name for p in ready}) == 2
-
-        wait_until(two_on_two_nodes, ENGINE_READY_S, "2 replicas on 2 nodes", 1.0)
+        wait_one_per_node(kube, NAME, 2)
         drain = drain_under_load(kube, NAME, url, node.nodes[1].name, clients=args.clients)
         print(json.dumps({k: v for k, v in drain.items() if k not in ("timeline", "latencies")}))
         keda: dict[str, Any] | None = None
         if not args.no_keda:
-            kube.kubectl("delete", "slimspecservice", NAME, "-n", SERVICE_NAMESPACE,
-                         "--wait=true", timeout=300)  # fmt: skip
+            delete_service(kube, NAME)
             keda = keda_cycle(kube, node.images, f"models/{model.name}", prometheus, args)
             print(json.dumps({k: v for k, v in keda.items() if k not in ("timeline", "latencies")}))
         timings = {k: round(v, 1) for k, v in node.timings.items()}

@@ -25,13 +25,13 @@ from slimspec_testbed.scenarios.keda import (
     scaled_object_ready,
     uninstall_keda,
 )
-from slimspec_testbed.scenarios.scaling import autoscaled_service, live_pods, scale_cycle
-from slimspec_testbed.scenarios.userpath import (
-    SERVICE_NAMESPACE,
-    cluster_ip,
-    pod_ready,
-    wait_until,
+from slimspec_testbed.scenarios.scaling import (
+    apply_and_wait,
+    autoscaled_service,
+    delete_service,
+    scale_cycle,
 )
+from slimspec_testbed.scenarios.userpath import SERVICE_NAMESPACE, cluster_ip, wait_until
 
 from .conftest import record
 
@@ -42,7 +42,6 @@ pytestmark = [
 ]
 
 NAME = "scale-keda"
-ENGINE_READY_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +56,10 @@ def scaled(
     keda: None, node: NodeCluster, kube: KubeCluster, models_pv: str, prometheus: str
 ) -> Iterator[dict[str, Any]]:
     body = keda_mode(autoscaled_service(node.images, models_pv, prometheus, name=NAME))
-    kube.apply(body)
-    wait_until(
-        lambda: [p for p in live_pods(kube, NAME) if pod_ready(p)],
-        ENGINE_READY_S,
-        f"{NAME}: one engine pod ready",
-    )
+    apply_and_wait(kube, body)
     wait_until(lambda: scaled_object_ready(kube, NAME), 180, "ScaledObject Ready", 1.0)
     yield body
-    kube.kubectl("delete", "slimspecservice", NAME, "-n", SERVICE_NAMESPACE, "--wait=true",
-                 timeout=300, check=False)  # fmt: skip
+    delete_service(kube, NAME)
 
 
 def test_the_scaled_object_targets_the_service_and_keda_made_its_hpa(

@@ -24,17 +24,17 @@ from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.node.node_cluster import NodeCluster
 from slimspec_testbed.scenarios.keda import replica_writers
 from slimspec_testbed.scenarios.scaling import (
+    apply_and_wait,
     autoscaled_service,
+    delete_service,
     drain_under_load,
     fixed_replicas,
-    live_pods,
     scale_cycle,
+    wait_one_per_node,
 )
 from slimspec_testbed.scenarios.userpath import (
     SERVICE_NAMESPACE,
     cluster_ip,
-    pod_ready,
-    wait_until,
 )
 
 from .conftest import record
@@ -46,7 +46,6 @@ pytestmark = [
 ]
 
 NAME = "scale"
-ENGINE_READY_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +53,9 @@ def scaled(
     in_node: None, node: NodeCluster, kube: KubeCluster, models_pv: str, prometheus: str
 ) -> Iterator[dict[str, Any]]:
     body = autoscaled_service(node.images, models_pv, prometheus, name=NAME)
-    kube.apply(body)
-    wait_until(
-        lambda: [p for p in live_pods(kube, NAME) if pod_ready(p)],
-        ENGINE_READY_S,
-        f"{NAME}: one engine pod ready",
-    )
+    apply_and_wait(kube, body)
     yield body
-    kube.kubectl("delete", "slimspecservice", NAME, "-n", SERVICE_NAMESPACE, "--wait=true",
-                 timeout=300, check=False)  # fmt: skip
+    delete_service(kube, NAME)
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +87,7 @@ def test_a_drain_under_load_drops_nothing_and_the_budget_holds(
     node: NodeCluster, kube: KubeCluster, scaled: dict[str, Any], base_url: str
 ) -> None:
     kube.apply(fixed_replicas(scaled, 2))
-
-    def two_on_two_nodes() -> bool:
-        ready = [p for p in live_pods(kube, NAME) if pod_ready(p)]
-        return len(ready) == 2 and len({p.spec.node_name for p in ready}) == 2
-
-    wait_until(two_on_two_nodes, ENGINE_READY_S, f"{NAME}: 2 replicas on 2 nodes", 1.0)
+    wait_one_per_node(kube, NAME, 2)
     drained = node.nodes[1].name
     result = drain_under_load(kube, NAME, base_url, drained, clients=4)
     record("drain", {k: v for k, v in result.items() if k not in ("timeline", "latencies")})
