@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from kubernetes import client
+from slimspec_operator.contract import KEDA_GROUP, KEDA_PLURAL, KEDA_VERSION
 
 from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.node.images import ImageTags
@@ -37,7 +38,6 @@ EXTERNAL_METRICS_API = "v1beta1.external.metrics.k8s.io"
 OPERATOR_SERVICE = "keda-operator"
 ADAPTER = "keda-metrics-apiserver"
 GRPC_PORT = 9666
-KEDA_GROUP, KEDA_API = "keda.sh", "v1alpha1"
 READY_S = 300  # the operator makes its certificates first; kubelet then mounts them
 
 
@@ -118,7 +118,7 @@ def scaled_object(kube: KubeCluster, name: str) -> dict[str, Any]:
     """The ScaledObject the operator wrote for SlimSpecService `name`."""
     with kube.api_client() as api:
         obj: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            KEDA_GROUP, KEDA_API, SERVICE_NAMESPACE, "scaledobjects", name
+            KEDA_GROUP, KEDA_VERSION, SERVICE_NAMESPACE, KEDA_PLURAL, name
         )
     return dict(obj)
 
