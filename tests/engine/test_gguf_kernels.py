@@ -3,7 +3,7 @@
 Random blocks of every type with a kernel (Q4_K, Q6_K, Q8_0) are dequantised by the
 `gguf` package (the code llama.cpp's converter ships); the kernels' matmul must equal
 the float64 product of those weights with the int8-quantised activations (up to float32
-rounding), the AVX2 and portable paths must agree bit for bit, and a row's output must
+rounding), the AVX512-VNNI, AVX2 and portable paths must agree bit for bit, and a row's output must
 not depend on how many rows come with it (what makes verification exact in bf16)."""
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def test_matmul_equals_the_dequantised_product(ggml_type, m, n, k):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES)
-def test_avx2_and_portable_paths_agree_bit_for_bit(ggml_type):
-    if gk.path() != "avx2":
+def test_simd_and_portable_paths_agree_bit_for_bit(ggml_type):
+    if gk.path() not in ("avx2", "avx512-vnni"):
         pytest.skip(f"this CPU runs the {gk.path()} path only")
     blocks = torch.from_numpy(random_blocks(ggml_type, 40, 1024, seed=3))
     x = torch.randn(13, 1024)
@@ -268,17 +268,33 @@ def test_a_group_computes_its_members_together_and_never_hands_out_a_stale_outpu
         assert all(torch.equal(m(xi), one_at_a_time(m, xi)) for m in [layers[1], *layers])
 
 
-def test_the_portable_build_gives_the_avx2_builds_bits(tmp_path):
-    """The portable C (software fp16 conversion, scalar quantisation and kernels) built
-    beside the AVX2 library: quantisation, matmuls, fused layers and attention agree."""
+def test_each_cpu_gets_the_widest_gguf_build_it_can_run():
+    vnni = "flags\t\t: sse4_2 avx avx2 f16c fma avx512f avx512bw avx512vl avx512_vnni\n"
+    zen2 = "flags\t\t: sse4_2 avx avx2 f16c fma\n"  # AMD Zen 1-3, Intel before Cascade Lake
+    assert gk.cflags(vnni) == gk.VNNI_CFLAGS
+    assert gk.cflags(vnni.replace(" avx512_vnni", "")) == gk.AVX2_CFLAGS
+    assert gk.cflags(zen2) == gk.AVX2_CFLAGS
+    assert gk.cflags("flags\t\t: sse4_2 avx\n") == gk.BASE_CFLAGS
+    assert gk.cflags("") == gk.BASE_CFLAGS  # unknown CPU: the portable C
+
+
+@pytest.mark.parametrize("build", ["portable", "avx2"])
+def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
+    """The portable C (software fp16 conversion, scalar quantisation and kernels) and, on
+    an AVX512-VNNI CPU, the AVX2 build, each built beside the loaded library:
+    quantisation, matmuls, fused layers and attention agree bit for bit, so a model
+    served on one CPU gives the logits it gives on another."""
     from slimspec.cpu import clib
 
-    if gk.path() != "avx2" or clib.compiler() is None:
-        pytest.skip("needs the AVX2 build and a compiler")
-    path = tmp_path / "portable.so"
-    clib.build(clib.compiler(), gk.SOURCE, gk.BASE_CFLAGS, path)
-    portable = gk._bind(ctypes.CDLL(str(path)))
-    assert portable.simd_path() == 0
+    names = [b[0] for b in gk.BUILDS]  # widest first
+    _name, flags, _needs, simd = gk.BUILDS[names.index(build)]
+    wider = gk.path() in names and names.index(gk.path()) < names.index(build)
+    if not wider or clib.compiler() is None:
+        pytest.skip(f"needs a compiler and a build wider than {build} loaded ({gk.path()})")
+    path = tmp_path / f"{build}.so"
+    clib.build(clib.compiler(), gk.SOURCE, flags, path)
+    narrower = gk._bind(ctypes.CDLL(str(path)))
+    assert narrower.simd_path() == simd
     halves = np.arange(65536, dtype=np.uint16)
     halves = halves[np.isfinite(halves.view(np.float16))]
     raw = np.zeros((halves.size, 34), dtype=np.uint8)
@@ -287,7 +303,7 @@ def test_the_portable_build_gives_the_avx2_builds_bits(tmp_path):
     ids = np.arange(halves.size, dtype=np.int64)
     out = np.empty((halves.size, 32), dtype=np.float32)
     assert (
-        portable.gguf_dequant_rows(
+        narrower.gguf_dequant_rows(
             gk.Q8_0, raw.ctypes.data, 32, 34, ids.ctypes.data, halves.size, out.ctypes.data
         )
         == 0
@@ -309,7 +325,7 @@ def test_the_portable_build_gives_the_avx2_builds_bits(tmp_path):
 
     simd = results()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(gk._loaded, "lib", portable)
+        mp.setitem(gk._loaded, "lib", narrower)
         scalar = results()
     assert all(torch.equal(a, b) for a, b in zip(simd, scalar, strict=True))
 
