@@ -881,12 +881,13 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                    int64_t Hq, int64_t Hkv, int64_t L, int64_t d, float scale, void *out,
                    int out_bf16) {
     if (Hkv <= 0 || Hq % Hkv || T > L) return -2;
-    const int64_t group = Hq / Hkv;
+    const int64_t group = Hq / Hkv, ls = L > 0 ? L : 1;
     int failed = 0;
 #pragma omp parallel
     {
-        // scores (L), then float rows for q, a key or value, and the output (3 d)
-        float *s = (float *)malloc(sizeof(float) * (size_t)((L > 0 ? L : 1) + 3 * d));
+        // per query head of a group: scores (L), its q row and output (2 d); one key or
+        // value row (d) read once for the whole group
+        float *s = (float *)malloc(sizeof(float) * (size_t)(group * (ls + 2 * d) + d));
         if (!s) {
 #pragma omp atomic write
             failed = 1;
@@ -894,36 +895,65 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
 #pragma omp for collapse(3) schedule(static)
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < T; t++)
-                for (int64_t h = 0; h < Hq; h++) {
+                for (int64_t kvh = 0; kvh < Hkv; kvh++) {
                     if (!s) continue;
-                    float *qbuf = s + (L > 0 ? L : 1), *kvbuf = qbuf + d, *obuf = kvbuf + d;
-                    const float *qr = row_f32(q, b * qsb + t * qst + h * qsh, in_bf16, d, qbuf);
-                    const int64_t kh = b * ksb + (h / group) * ksh, vh = b * vsb + (h / group) * vsh;
+                    // The query heads that share this key/value head go through the keys
+                    // together (each key row converted and read once, `group` independent
+                    // sums in flight); each (row, head) keeps the operation sequence it
+                    // has alone, so the bits do not depend on the grouping.
+                    float *kvbuf = s + group * (ls + 2 * d);
+                    const float *qr[group];
+                    float *o[group], *sc[group];
+                    float mx[group];
+                    const int64_t kh = b * ksb + kvh * ksh, vh = b * vsb + kvh * vsh;
                     const uint8_t *ok = allowed ? allowed + b * asb + t * ast : NULL;
                     const int64_t last = L - T + t;  // causal: keys 0..last
-                    const int64_t at = ((b * T + t) * Hq + h) * d;
-                    float *o = out_bf16 ? obuf : (float *)out + at;
-                    float mx = -INFINITY;
+                    for (int64_t g = 0; g < group; g++) {
+                        const int64_t h = kvh * group + g, at = ((b * T + t) * Hq + h) * d;
+                        float *own = s + g * (ls + 2 * d);
+                        sc[g] = own;
+                        qr[g] = row_f32(q, b * qsb + t * qst + h * qsh, in_bf16, d, own + ls);
+                        o[g] = out_bf16 ? own + ls + d : (float *)out + at;
+                        mx[g] = -INFINITY;
+                    }
                     for (int64_t j = 0; j < L; j++) {
                         const int seen = ok ? ok[j] != 0 : j <= last;
-                        s[j] = seen ? scale * dot_f32(qr, row_f32(k, kh + j * ksl, in_bf16, d, kvbuf), d)
-                                    : -INFINITY;
-                        if (s[j] > mx) mx = s[j];
-                    }
-                    for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
-                    if (mx != -INFINITY) {  // else it sees no key: zeros, as SDPA's -inf rows
-                        float sum = 0.0f;
-                        for (int64_t j = 0; j < L; j++) {
-                            if (s[j] == -INFINITY) continue;
-                            const float p = expf(s[j] - mx);
-                            sum += p;
-                            axpy_f32(o, p, row_f32(v, vh + j * vsl, in_bf16, d, kvbuf), d);
+                        if (!seen) {
+                            for (int64_t g = 0; g < group; g++) sc[g][j] = -INFINITY;
+                            continue;
                         }
-                        const float inv = 1.0f / sum;
-                        for (int64_t i = 0; i < d; i++) o[i] *= inv;
+                        const float *kr = row_f32(k, kh + j * ksl, in_bf16, d, kvbuf);
+                        for (int64_t g = 0; g < group; g++) {
+                            sc[g][j] = scale * dot_f32(qr[g], kr, d);
+                            if (sc[g][j] > mx[g]) mx[g] = sc[g][j];
+                        }
                     }
-                    if (out_bf16)
-                        for (int64_t i = 0; i < d; i++) ((uint16_t *)out)[at + i] = float_to_bf16(o[i]);
+                    float sum[group];
+                    for (int64_t g = 0; g < group; g++) {
+                        for (int64_t i = 0; i < d; i++) o[g][i] = 0.0f;
+                        sum[g] = 0.0f;
+                    }
+                    for (int64_t j = 0; j < L; j++) {
+                        const float *vr = NULL;
+                        for (int64_t g = 0; g < group; g++) {
+                            // a head that sees no key keeps zeros, as SDPA's -inf rows
+                            if (mx[g] == -INFINITY || sc[g][j] == -INFINITY) continue;
+                            if (!vr) vr = row_f32(v, vh + j * vsl, in_bf16, d, kvbuf);
+                            const float p = expf(sc[g][j] - mx[g]);
+                            sum[g] += p;
+                            axpy_f32(o[g], p, vr, d);
+                        }
+                    }
+                    for (int64_t g = 0; g < group; g++) {
+                        const int64_t at = ((b * T + t) * Hq + kvh * group + g) * d;
+                        if (mx[g] != -INFINITY) {
+                            const float inv = 1.0f / sum[g];
+                            for (int64_t i = 0; i < d; i++) o[g][i] *= inv;
+                        }
+                        if (out_bf16)
+                            for (int64_t i = 0; i < d; i++)
+                                ((uint16_t *)out)[at + i] = float_to_bf16(o[g][i]);
+                    }
                 }
         free(s);
     }
