@@ -188,7 +188,9 @@ def target_only(model: Any, prompts: list[list[int]], n: int) -> dict[str, Any]:
     for ids in prompts:
         cache = DynamicCache(config=model.config)
         t0 = time.perf_counter()
-        logits = model(torch.tensor([ids]), cache=cache, use_cache=True).logits[:, -1]
+        # only the last position's logits, as llama.cpp and the engine's prefill compute
+        prompt = torch.tensor([ids])
+        logits = model(prompt, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         t1 = time.perf_counter()
         out = []
         for _ in range(n):
