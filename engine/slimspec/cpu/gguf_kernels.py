@@ -6,10 +6,10 @@ the kernel; `GGUFEmbedding` dequantises only the looked-up rows. `q8_0_blocks` m
 Q8_0 blocks from a dense weight: the `int8` target form of a model that comes as
 safetensors.
 
-The C source is compiled on first use (slimspec.cpu.clib): with AVX512-VNNI where the
-CPU has it (Intel since Cascade Lake, AMD Zen 4), else with AVX2/FMA (every x86-64 CPU
-of the last decade), else as portable C, which `path()` names so the engine's log says
-which one runs. Every output value is computed by the same sequence of operations
+The C source is compiled on first use (slimspec.cpu.clib): with AVX2/FMA (every x86-64
+CPU of the last decade), using VNNI's multiply-adds where the CPU has them
+(AVX512-VNNI or AVX-VNNI), else as portable C; `path()` names the build so the
+engine's log says which one runs. Every output value is computed by the same sequence of operations
 whatever the number of rows and whichever path runs, so verifying k+1 positions or a
 batch gives each position the logits it gets alone, on any of these CPUs (the header of
 the C file says how).
@@ -39,9 +39,12 @@ AVX2_CFLAGS = (*BASE_CFLAGS, "-mavx2", "-mfma", "-mf16c")
 AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
 VNNI_CFLAGS = (*AVX2_CFLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 VNNI_CPU_FLAGS = (*AVX2_CPU_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+AVX_VNNI_CFLAGS = (*AVX2_CFLAGS, "-mavxvnni")
+AVX_VNNI_CPU_FLAGS = (*AVX2_CPU_FLAGS, "avx_vnni")
 # (path name, flags, the CPU flags the build needs, simd_path()): the first the CPU has wins
 BUILDS = (
-    ("avx512-vnni", VNNI_CFLAGS, VNNI_CPU_FLAGS, 3),
+    ("avx512-vnni", VNNI_CFLAGS, VNNI_CPU_FLAGS, 4),
+    ("avx-vnni", AVX_VNNI_CFLAGS, AVX_VNNI_CPU_FLAGS, 3),
     ("avx2", AVX2_CFLAGS, AVX2_CPU_FLAGS, 2),
     ("portable", BASE_CFLAGS, (), 0),
 )
@@ -62,8 +65,9 @@ _loaded: dict[str, Any] = {}
 
 
 def cflags(cpuinfo: str | None = None) -> tuple[str, ...]:
-    """The flags this CPU's build uses: AVX512-VNNI (Intel since Cascade Lake, AMD Zen 4),
-    else AVX2/FMA/F16C (every x86-64 CPU of the last decade), else portable C."""
+    """The flags this CPU's build uses: AVX2/FMA/F16C (every x86-64 CPU of the last
+    decade) with 256-bit VNNI where the CPU has it (AVX512-VNNI: Intel since Cascade
+    Lake, AMD Zen 4; AVX-VNNI: Intel client CPUs since Alder Lake), else portable C."""
     flags = clib.cpu_flags(cpuinfo)
     return next(b[1] for b in BUILDS if all(f in flags for f in b[2]))
 
@@ -161,8 +165,8 @@ def self_check(lib: ctypes.CDLL) -> bool:
 
 
 def path() -> str:
-    """Which code path the loaded library runs: 'avx512-vnni', 'avx2', 'portable', or
-    'unavailable'."""
+    """Which build the loaded library is: 'avx512-vnni', 'avx-vnni', 'avx2', 'portable',
+    or 'unavailable'."""
     lib = load()
     if lib is None:
         return "unavailable"

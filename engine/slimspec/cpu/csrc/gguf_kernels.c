@@ -9,10 +9,18 @@
 // Exactness across batch shapes: every output y[m][n] is computed by the same sequence
 // of operations whatever M is and however rows are grouped: integer sums inside a
 // block (exact), then per lane one FMA per block in block order, and the lanes added
-// in one fixed order (see "Lanes" below), the same in every code path. So a position's logits do not depend on how many rows
-// are verified beside it, and the scalar and AVX2 paths give bit-identical results
-// (tests/engine/test_gguf_kernels.py checks both). Build with -ffp-contract=off so the
-// compiler cannot fuse the float update differently in different places.
+// in one fixed order (see "Lanes" below), the same in every code path. So a position's
+// logits do not depend on how many rows are verified beside it, and the portable, AVX2
+// and VNNI builds give bit-identical results (tests/engine/test_gguf_kernels.py builds
+// and compares them). Build with -ffp-contract=off so the compiler cannot fuse the
+// float update differently in different places.
+//
+// Builds (gguf_kernels.BUILDS picks by CPU flags): AVX2 + FMA + F16C; the same code
+// with 256-bit VNNI where the CPU has it (AVX512-VNNI with VL: Intel since Cascade
+// Lake, AMD Zen 4; AVX-VNNI: Intel client CPUs since Alder Lake), one vpdpwssd or
+// vpdpbusd for a multiply-add pair (DPWSSD256 below); portable C elsewhere. 512-bit
+// registers measured no faster than these (the integer multiplies are the bound, and
+// 512-bit work takes a vector port away on Intel), so there is no zmm code.
 //
 // Layouts (ggml's, as the GGUF file stores them; one weight row is K/QK values' blocks):
 //   Q4_K (256 values, 144 B): fp16 d, fp16 dmin, 12 B packed 6-bit scales/mins, 128 B
@@ -299,6 +307,24 @@ static void q80_row_scalar(const block_q8_0 *w, int64_t nb, const int8_t *q, con
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define MAX_ROWS 8
 
+// acc + pairwise sums of a * b (int16 -> int32 lanes): one vpdpwssd where the CPU has a
+// 256-bit VNNI (AVX512-VNNI with VL, or AVX-VNNI), else vpmaddwd + vpaddd; the same ints.
+// Likewise the sums of 4 products u8 x s8 into int32 lanes: one vpdpbusd, else
+// vpmaddubsw + vpmaddwd (the pairs cannot saturate int16 here: |w|, |x| <= 127).
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SIMD_PATH_AVX2 4
+#define DPWSSD256(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#define DPBUSD256(a, b) _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+#elif defined(__AVXVNNI__)
+#define SIMD_PATH_AVX2 3
+#define DPWSSD256(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#define DPBUSD256(a, b) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b)
+#else
+#define SIMD_PATH_AVX2 2
+#define DPWSSD256(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#define DPBUSD256(a, b) _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+#endif
+
 ALWAYS_INLINE float hsum_lanes(__m256 v) {
     float a[LANES];
     _mm256_storeu_ps(a, v);
@@ -352,11 +378,10 @@ ALWAYS_INLINE void q4k_rows_avx2(const block_q4_K *w, int64_t nb, const int ROWS
             const __m256i schi = _mm256_shuffle_epi8(scales, SPREAD(2 * c + 1));
             for (int r = 0; r < ROWS; r++) {
                 const int8_t *x = q + r * K + b * QK_K + 64 * c;
-                const __m256i pl = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), sclo);
-                const __m256i ph = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), schi);
-                s32[r] = _mm256_add_epi32(s32[r], _mm256_add_epi32(pl, ph));
+                s32[r] = DPWSSD256(
+                    s32[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), sclo);
+                s32[r] = DPWSSD256(
+                    s32[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), schi);
             }
         }
         const float d = half_to_float(w[b].d), dmin = half_to_float(w[b].dmin);
@@ -404,8 +429,7 @@ ALWAYS_INLINE void q6k_rows_avx2(const block_q6_K *w, int64_t nb, const int ROWS
                 const int8_t *x = q + r * K + b * QK_K + 128 * h;
                 for (int j = 0; j < 4; j++) {
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * j));
-                    s32[r] = _mm256_add_epi32(
-                        s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(v[j], xv), scv[j]));
+                    s32[r] = DPWSSD256(s32[r], _mm256_maddubs_epi16(v[j], xv), scv[j]);
                 }
             }
         }
@@ -425,7 +449,6 @@ ALWAYS_INLINE void q80_rows_avx2(const block_q8_0 *w, int64_t nb, const int ROWS
                                  int64_t ldo) {
     __m256 acc[MAX_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
     const int64_t ndx = K / QK8_0;
     for (int64_t b = 0; b < nb; b++) {
         const __m256i wv = _mm256_loadu_si256((const __m256i *)w[b].qs);
@@ -433,7 +456,7 @@ ALWAYS_INLINE void q80_rows_avx2(const block_q8_0 *w, int64_t nb, const int ROWS
         const float d = half_to_float(w[b].d);
         for (int r = 0; r < ROWS; r++) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(q + r * K + b * QK8_0));
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+            const __m256i p = DPBUSD256(aw, _mm256_sign_epi8(xv, wv));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dx[r * ndx + b] * d), acc[r]);
         }
     }
@@ -468,156 +491,9 @@ static void q80_avx2(const block_q8_0 *w, int64_t nb, int rows, const int8_t *q,
 }
 #endif
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-// ---------------------------------------------------------------- AVX512-VNNI paths
-// The AVX2 paths' integer products at twice the width: two 32-value chunks side by side
-// in one 512-bit register, vpmaddubsw (u8 x s8 -> s16 pairs, never saturating: |q| <=
-// 127 and weights <= 63) then vpdpwssd (x sub-block scale, summed into int32 lanes, one
-// instruction for the AVX2 paths' vpmaddwd + vpaddd). At the end of a block the two
-// 256-bit halves are added (integers: exact), which gives lane for lane the AVX2 path's
-// int32 sums, and the float work from there is the AVX2 path's: the same bits.
-#define SIMD_PATH_VNNI 3
-
-ALWAYS_INLINE __m256i halves_sum(__m512i v) {
-    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-}
-
-ALWAYS_INLINE __m512i join256(__m256i lo, __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-ALWAYS_INLINE void q4k_rows_vnni(const block_q4_K *w, int64_t nb, const int ROWS,
-                                 const int8_t *q, int64_t K, const float *dx,
-                                 const int16_t *bsum, float *out, int64_t ldo) {
-    __m256 acc[MAX_ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0xF);
-    const int64_t ndx = K / QK_K, nbs = K / 16;
-    for (int64_t b = 0; b < nb; b++) {
-        uint32_t u[4];
-        q4k_scale_words(w[b].scales, u);
-        const __m128i sm8 = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
-        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm8));
-        const __m128i mn8 = _mm_unpackhi_epi64(sm8, sm8);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-        __m512i s32[MAX_ROWS];
-        for (int r = 0; r < ROWS; r++) s32[r] = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            // values 64c..64c+31 (low nibbles, scale 2c) then 64c+32..64c+63 (high, 2c+1):
-            // the activation's 64 values in the order they lie in memory
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * c));
-            const __m512i wv = join256(_mm256_and_si256(bits, low4),
-                                       _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4));
-            const __m512i sc = join256(_mm256_shuffle_epi8(scales, SPREAD(2 * c)),
-                                       _mm256_shuffle_epi8(scales, SPREAD(2 * c + 1)));
-            for (int r = 0; r < ROWS; r++) {
-                const __m512i xv = _mm512_loadu_si512(q + r * K + b * QK_K + 64 * c);
-                s32[r] = _mm512_dpwssd_epi32(s32[r], _mm512_maddubs_epi16(wv, xv), sc);
-            }
-        }
-        const float d = half_to_float(w[b].d), dmin = half_to_float(w[b].dmin);
-        for (int r = 0; r < ROWS; r++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)(bsum + r * nbs + b * 16));
-            const __m256i m32 = _mm256_madd_epi16(bs, mins);
-            const float x_scale = dx[r * ndx + b];
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves_sum(s32[r])),
-                                     _mm256_set1_ps(x_scale * d), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m32), _mm256_set1_ps(x_scale * dmin), acc[r]);
-        }
-    }
-    for (int r = 0; r < ROWS; r++) out[r * ldo] = hsum_lanes(acc[r]);
-}
-
-ALWAYS_INLINE void q6k_rows_vnni(const block_q6_K *w, int64_t nb, const int ROWS,
-                                 const int8_t *q, int64_t K, const float *dx,
-                                 const int16_t *bsum, float *out, int64_t ldo) {
-    __m256 acc[MAX_ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
-    const int64_t ndx = K / QK_K, nbs = K / 16;
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
-        __m512i s32[MAX_ROWS];
-        for (int r = 0; r < ROWS; r++) s32[r] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = w[b].ql + 64 * h, *qh = w[b].qh + 32 * h;
-            const __m256i a = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i bb = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-            // parts 0 and 1 (values 0..63 of this half) and parts 2 and 3 (64..127)
-            const __m512i v01 = join256(
-                _mm256_or_si256(_mm256_and_si256(a, low4),
-                                _mm256_slli_epi16(_mm256_and_si256(hb, two), 4)),
-                _mm256_or_si256(_mm256_and_si256(bb, low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4)));
-            const __m512i v23 = join256(
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bb, 4), low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4)));
-            const __m256i sch = h ? _mm256_permute2x128_si256(scales16, scales16, 0x11)
-                                  : _mm256_permute2x128_si256(scales16, scales16, 0x00);
-            const __m512i sc01 = join256(_mm256_shuffle_epi8(sch, SPREAD6(0)), _mm256_shuffle_epi8(sch, SPREAD6(1)));
-            const __m512i sc23 = join256(_mm256_shuffle_epi8(sch, SPREAD6(2)), _mm256_shuffle_epi8(sch, SPREAD6(3)));
-            for (int r = 0; r < ROWS; r++) {
-                const int8_t *x = q + r * K + b * QK_K + 128 * h;
-                s32[r] = _mm512_dpwssd_epi32(s32[r], _mm512_maddubs_epi16(v01, _mm512_loadu_si512(x)), sc01);
-                s32[r] = _mm512_dpwssd_epi32(s32[r], _mm512_maddubs_epi16(v23, _mm512_loadu_si512(x + 64)), sc23);
-            }
-        }
-        const float d = half_to_float(w[b].d);
-        for (int r = 0; r < ROWS; r++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)(bsum + r * nbs + b * 16));
-            const __m256i o32 = _mm256_madd_epi16(bs, scales16);  // the -32 offsets
-            const __m256i t = _mm256_sub_epi32(halves_sum(s32[r]), _mm256_slli_epi32(o32, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(dx[r * ndx + b] * d), acc[r]);
-        }
-    }
-    for (int r = 0; r < ROWS; r++) out[r * ldo] = hsum_lanes(acc[r]);
-}
-
-ALWAYS_INLINE void q80_rows_vnni(const block_q8_0 *w, int64_t nb, const int ROWS,
-                                 const int8_t *q, int64_t K, const float *dx, float *out,
-                                 int64_t ldo) {
-    __m256 acc[MAX_ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
-    const int64_t ndx = K / QK8_0;
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i wv = _mm256_loadu_si256((const __m256i *)w[b].qs);
-        const __m256i aw = _mm256_sign_epi8(wv, wv);  // |w| as u8 (w >= -127 in Q8_0)
-        const float d = half_to_float(w[b].d);
-        for (int r = 0; r < ROWS; r++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(q + r * K + b * QK8_0));
-            // vpdpbusd sums the same 4 products per lane as vpmaddubsw + vpmaddwd
-            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, wv));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dx[r * ndx + b] * d), acc[r]);
-        }
-    }
-    for (int r = 0; r < ROWS; r++) out[r * ldo] = hsum_lanes(acc[r]);
-}
-
-static void q4k_vnni(const block_q4_K *w, int64_t nb, int rows, const int8_t *q, int64_t K,
-                     const float *dx, const int16_t *bsum, float *out, int64_t ldo) {
-#define Q4KV(w_, nb_, q_, K_, dx_, bs_, out_, ldo_, R) q4k_rows_vnni(w_, nb_, R, q_, K_, dx_, bs_, out_, ldo_)
-    BY_ROWS(Q4KV, rows, w, nb, q, K, dx, bsum, out, ldo)
-}
-static void q6k_vnni(const block_q6_K *w, int64_t nb, int rows, const int8_t *q, int64_t K,
-                     const float *dx, const int16_t *bsum, float *out, int64_t ldo) {
-#define Q6KV(w_, nb_, q_, K_, dx_, bs_, out_, ldo_, R) q6k_rows_vnni(w_, nb_, R, q_, K_, dx_, bs_, out_, ldo_)
-    BY_ROWS(Q6KV, rows, w, nb, q, K, dx, bsum, out, ldo)
-}
-static void q80_vnni(const block_q8_0 *w, int64_t nb, int rows, const int8_t *q, int64_t K,
-                     const float *dx, float *out, int64_t ldo) {
-#define Q80V(w_, nb_, q_, K_, dx_, out_, ldo_, R) q80_rows_vnni(w_, nb_, R, q_, K_, dx_, out_, ldo_)
-    BY_ROWS(Q80V, rows, w, nb, q, K, dx, out, ldo)
-}
-#endif
-
 int simd_path(void) {
-#if defined(SIMD_PATH_VNNI)
-    return SIMD_PATH_VNNI;
-#elif defined(__AVX2__)
-    return 2;
+#if defined(__AVX2__)
+    return SIMD_PATH_AVX2;
 #else
     return 0;
 #endif
@@ -628,15 +504,6 @@ static void weight_row(int type, const uint8_t *wrow, int64_t K, int rows, const
                        const float *dx, const int16_t *bsum, float *out, int64_t ldo,
                        int scalar) {
     const int64_t nb = K / block_values(type), ndx = K / activation_block(type);
-#if defined(SIMD_PATH_VNNI)
-    if (!scalar && rows > 1) {  // one row: the AVX2 code is faster (and gives the same bits)
-        switch (type) {
-            case TYPE_Q4_K: q4k_vnni((const block_q4_K *)wrow, nb, rows, q, K, dx, bsum, out, ldo); return;
-            case TYPE_Q6_K: q6k_vnni((const block_q6_K *)wrow, nb, rows, q, K, dx, bsum, out, ldo); return;
-            case TYPE_Q8_0: q80_vnni((const block_q8_0 *)wrow, nb, rows, q, K, dx, out, ldo); return;
-        }
-    }
-#endif
 #if defined(__AVX2__)
     if (!scalar) {
         switch (type) {
