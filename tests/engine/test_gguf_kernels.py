@@ -318,6 +318,12 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     x = (torch.randn(6, 512) * 5).bfloat16()
     q = torch.randn(1, 2, 4, 72).bfloat16()
     k, v = torch.randn(1, 2, 9, 72).bfloat16(), torch.randn(1, 2, 9, 72).bfloat16()
+    # float32 out (no rounding to hide a last-bit difference): 6 query heads per KV head,
+    # a head size with a tail past the last multiple of 8, and a row that sees no key
+    qf = torch.randn(1, 3, 12, 76)
+    kf, vf = torch.randn(1, 2, 11, 76), torch.randn(1, 2, 11, 76)
+    allowed = torch.rand(1, 3, 11) > 0.3
+    allowed[0, 0] = False
 
     def results() -> list[torch.Tensor]:
         return [
@@ -325,6 +331,8 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
             *gk.quantize_rows(x.float(), 32),
             *gk.quantize_rows(x.float(), 256),
             gk.attention_rows(q, k, v, None, 0.2, out_dtype=torch.bfloat16),
+            gk.attention_rows(qf, kf, vf, allowed, 0.3),
+            gk.attention_rows(qf, kf, vf, None, 0.3),
         ]
 
     simd = results()

@@ -711,16 +711,32 @@ static inline const float *row_f32(const void *base, int64_t offset, int bf16, i
     return buf;
 }
 
-static inline float dot_f32(const float *a, const float *b, int64_t d) {
-    int64_t i = 0;
-    float s = 0.0f;
+// Dot products and updates in one fixed order on every build: 8 lanes (lane l takes
+// the elements l, l+8, l+16, ... with one FMA each), the lanes added as below, then the
+// elements past the last multiple of 8 one by one (multiply, then add). The portable C
+// emulates the lanes, so a row's attention has the same bits on every build.
 #if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+ALWAYS_INLINE float dot_lanes_total(__m256 acc) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    s = _mm_cvtss_f32(h);
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+static inline float dot_f32(const float *a, const float *b, int64_t d) {
+    int64_t i = 0;
+    float s;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = dot_lanes_total(acc);
+#else
+    float acc[8] = {0};
+    for (; i + 8 <= d; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(a[i + l], b[i + l], acc[l]);
+    const float h0 = acc[0] + acc[4], h1 = acc[1] + acc[5], h2 = acc[2] + acc[6], h3 = acc[3] + acc[7];
+    s = (h0 + h2) + (h1 + h3);
 #endif
     for (; i < d; i++) s += a[i] * b[i];
     return s;
@@ -732,9 +748,81 @@ static inline void axpy_f32(float *y, float a, const float *x, int64_t d) {
     const __m256 av = _mm256_set1_ps(a);
     for (; i + 8 <= d; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#else
+    for (; i + 8 <= d; i += 8)
+        for (int l = 0; l < 8; l++) y[i + l] = fmaf(a, x[i + l], y[i + l]);
 #endif
     for (; i < d; i++) y[i] += a * x[i];
 }
+
+#if defined(__AVX2__)
+// Eight values of row `row` from element i as float32 (bfloat16 read exactly).
+ALWAYS_INLINE __m256 load8_f32(const void *base, int64_t row, int bf16, int64_t i) {
+    if (!bf16) return _mm256_loadu_ps((const float *)base + row + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + row + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// The scores of GN query rows against one key row: dot_f32's operations for each, with
+// the key's vectors loaded once for all of them.
+ALWAYS_INLINE void group_scores(const float *const *qr, const int GN, const void *k, int64_t krow,
+                                int bf16, int64_t d, float scale, float *out) {
+    __m256 acc[8];
+    for (int g = 0; g < GN; g++) acc[g] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        const __m256 kv = load8_f32(k, krow, bf16, i);
+        for (int g = 0; g < GN; g++) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qr[g] + i), kv, acc[g]);
+    }
+    for (int g = 0; g < GN; g++) {
+        float s = dot_lanes_total(acc[g]);
+        for (int64_t e = i; e < d; e++) {
+            const float kf = bf16 ? bf16_to_float(((const uint16_t *)k)[krow + e]) : ((const float *)k)[krow + e];
+            s += qr[g][e] * kf;
+        }
+        out[g] = scale * s;
+    }
+}
+
+// o[g][i..i+8*CH) = sum over the live keys j, in key order, of p[g][j] * v_j (one FMA
+// each, from 0): axpy_f32's operations, with the GN outputs held in registers.
+ALWAYS_INLINE void group_values(float *const *o, const int GN, const int CH, const float *const *p,
+                                const uint8_t *const *live, const uint8_t *all_live, const void *v,
+                                int64_t vh, int64_t vsl, int bf16, int64_t L, int64_t i) {
+    __m256 acc[8][2];
+    for (int g = 0; g < GN; g++)
+        for (int c = 0; c < CH; c++) acc[g][c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < L; j++) {
+        if (all_live[j] == 0) continue;  // no head sees this key
+        __m256 vv[2];
+        for (int c = 0; c < CH; c++) vv[c] = load8_f32(v, vh + j * vsl, bf16, i + 8 * c);
+        for (int g = 0; g < GN; g++) {
+            if (all_live[j] == 1 && !live[g][j]) continue;  // some heads see it: ask each
+            const __m256 pv = _mm256_set1_ps(p[g][j]);
+            for (int c = 0; c < CH; c++) acc[g][c] = _mm256_fmadd_ps(pv, vv[c], acc[g][c]);
+        }
+    }
+    for (int g = 0; g < GN; g++)
+        for (int c = 0; c < CH; c++) _mm256_storeu_ps(o[g] + i + 8 * c, acc[g][c]);
+}
+
+#define BY_GROUP(fn, gn, ...)                         \
+    switch (gn) {                                     \
+        case 8: fn(__VA_ARGS__, 8); break;            \
+        case 7: fn(__VA_ARGS__, 7); break;            \
+        case 6: fn(__VA_ARGS__, 6); break;            \
+        case 5: fn(__VA_ARGS__, 5); break;            \
+        case 4: fn(__VA_ARGS__, 4); break;            \
+        case 3: fn(__VA_ARGS__, 3); break;            \
+        case 2: fn(__VA_ARGS__, 2); break;            \
+        default: fn(__VA_ARGS__, 1); break;           \
+    }
+#define SCORES(qr_, k_, kr_, bf_, d_, sc_, out_, GN) group_scores(qr_, GN, k_, kr_, bf_, d_, sc_, out_)
+#define VALUES2(o_, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_, GN) \
+    group_values(o_, GN, 2, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_)
+#define VALUES1(o_, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_, GN) \
+    group_values(o_, GN, 1, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_)
+#endif
 
 // q, k, v float32 or bfloat16 (in_bf16; bfloat16 values are read exactly as float32, so
 // the result is the float32 computation's) with the last dimension contiguous and the
@@ -748,13 +836,15 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                    int64_t Hq, int64_t Hkv, int64_t L, int64_t d, float scale, void *out,
                    int out_bf16) {
     if (Hkv <= 0 || Hq % Hkv || T > L) return -2;
-    const int64_t group = Hq / Hkv, ls = L > 0 ? L : 1;
+    const int64_t G = Hq / Hkv, ls = L > 0 ? L : 1;
     int failed = 0;
 #pragma omp parallel
     {
-        // per query head of a group: scores (L), its q row and output (2 d); one key or
-        // value row (d) read once for the whole group
-        float *s = (float *)malloc(sizeof(float) * (size_t)(group * (ls + 2 * d) + d));
+        // per query head of a group: scores and probabilities (2 L), its q row and its
+        // output (2 d), which keys it sees (L bytes); one key or value row (d); the keys
+        // seen by all, some or none of the group (L bytes)
+        const size_t floats = (size_t)(G * (2 * ls + 2 * d) + d);
+        float *s = (float *)malloc(sizeof(float) * floats + (size_t)((G + 1) * ls));
         if (!s) {
 #pragma omp atomic write
             failed = 1;
@@ -765,61 +855,111 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                 for (int64_t kvh = 0; kvh < Hkv; kvh++) {
                     if (!s) continue;
                     // The query heads that share this key/value head go through the keys
-                    // together (each key row converted and read once, `group` independent
-                    // sums in flight); each (row, head) keeps the operation sequence it
-                    // has alone, so the bits do not depend on the grouping.
-                    float *kvbuf = s + group * (ls + 2 * d);
-                    const float *qr[group];
-                    float *o[group], *sc[group];
-                    float mx[group];
+                    // together (each key and value row read once for the group, the
+                    // heads' sums independent); each (row, head) keeps the operation
+                    // sequence it has alone, so the bits do not depend on the grouping.
+                    float *kvbuf = s + G * (2 * ls + 2 * d);
+                    uint8_t *all_live = (uint8_t *)(s + floats);
+                    const float *qr[G];
+                    float *o[G], *sc[G], *pb[G];
+                    const uint8_t *lv[G];
+                    uint8_t *lvw[G];
+                    float mx[G], sum[G];
                     const int64_t kh = b * ksb + kvh * ksh, vh = b * vsb + kvh * vsh;
                     const uint8_t *ok = allowed ? allowed + b * asb + t * ast : NULL;
                     const int64_t last = L - T + t;  // causal: keys 0..last
-                    for (int64_t g = 0; g < group; g++) {
-                        const int64_t h = kvh * group + g, at = ((b * T + t) * Hq + h) * d;
-                        float *own = s + g * (ls + 2 * d);
+                    for (int64_t g = 0; g < G; g++) {
+                        const int64_t h = kvh * G + g;
+                        float *own = s + g * (2 * ls + 2 * d);
                         sc[g] = own;
-                        qr[g] = row_f32(q, b * qsb + t * qst + h * qsh, in_bf16, d, own + ls);
-                        o[g] = out_bf16 ? own + ls + d : (float *)out + at;
+                        pb[g] = own + ls;
+                        qr[g] = row_f32(q, b * qsb + t * qst + h * qsh, in_bf16, d, own + 2 * ls);
+                        o[g] = own + 2 * ls + d;
+                        lvw[g] = all_live + (g + 1) * ls;
+                        lv[g] = lvw[g];
                         mx[g] = -INFINITY;
+                        sum[g] = 0.0f;
                     }
                     for (int64_t j = 0; j < L; j++) {
                         const int seen = ok ? ok[j] != 0 : j <= last;
                         if (!seen) {
-                            for (int64_t g = 0; g < group; g++) sc[g][j] = -INFINITY;
+                            for (int64_t g = 0; g < G; g++) sc[g][j] = -INFINITY;
                             continue;
                         }
+#if defined(__AVX2__)
+                        for (int64_t g0 = 0; g0 < G; g0 += 8) {
+                            float part[8];
+                            const int gn = (int)(G - g0 < 8 ? G - g0 : 8);
+                            BY_GROUP(SCORES, gn, qr + g0, k, kh + j * ksl, in_bf16, d, scale, part)
+                            for (int g = 0; g < gn; g++) sc[g0 + g][j] = part[g];
+                        }
+#else
                         const float *kr = row_f32(k, kh + j * ksl, in_bf16, d, kvbuf);
-                        for (int64_t g = 0; g < group; g++) {
-                            sc[g][j] = scale * dot_f32(qr[g], kr, d);
+                        for (int64_t g = 0; g < G; g++) sc[g][j] = scale * dot_f32(qr[g], kr, d);
+#endif
+                        for (int64_t g = 0; g < G; g++)
                             if (sc[g][j] > mx[g]) mx[g] = sc[g][j];
-                        }
                     }
-                    float sum[group];
-                    for (int64_t g = 0; g < group; g++) {
-                        for (int64_t i = 0; i < d; i++) o[g][i] = 0.0f;
-                        sum[g] = 0.0f;
-                    }
+                    // probabilities in key order; a head that sees no key keeps zeros,
+                    // as SDPA's -inf rows
                     for (int64_t j = 0; j < L; j++) {
-                        const float *vr = NULL;
-                        for (int64_t g = 0; g < group; g++) {
-                            // a head that sees no key keeps zeros, as SDPA's -inf rows
-                            if (mx[g] == -INFINITY || sc[g][j] == -INFINITY) continue;
-                            if (!vr) vr = row_f32(v, vh + j * vsl, in_bf16, d, kvbuf);
-                            const float p = expf(sc[g][j] - mx[g]);
-                            sum[g] += p;
-                            axpy_f32(o[g], p, vr, d);
+                        int seen_by = 0;
+                        for (int64_t g = 0; g < G; g++) {
+                            const int on = mx[g] != -INFINITY && sc[g][j] != -INFINITY;
+                            lvw[g][j] = (uint8_t)on;
+                            if (!on) continue;
+                            pb[g][j] = expf(sc[g][j] - mx[g]);
+                            sum[g] += pb[g][j];
+                            seen_by++;
                         }
+                        all_live[j] = seen_by == 0 ? 0 : seen_by == G ? 2 : 1;
                     }
-                    for (int64_t g = 0; g < group; g++) {
-                        const int64_t at = ((b * T + t) * Hq + kvh * group + g) * d;
+                    int64_t i = 0;
+#if defined(__AVX2__)
+                    for (int64_t g0 = 0; g0 < G; g0 += 8) {
+                        const int gn = (int)(G - g0 < 8 ? G - g0 : 8);
+                        int64_t e = 0;
+                        if (gn <= 6)  // two vectors per head still fit the registers
+                            for (; e + 16 <= d; e += 16)
+                                BY_GROUP(VALUES2, gn, o + g0, (const float *const *)(pb + g0), lv + g0,
+                                         all_live, v, vh, vsl, in_bf16, L, e)
+                        for (; e + 8 <= d; e += 8)
+                            BY_GROUP(VALUES1, gn, o + g0, (const float *const *)(pb + g0), lv + g0,
+                                     all_live, v, vh, vsl, in_bf16, L, e)
+                        i = e;
+                    }
+                    for (int64_t g = 0; g < G; g++)
+                        for (int64_t e = i; e < d; e++) o[g][e] = 0.0f;
+                    if (i < d)  // the elements past the last multiple of 8, as axpy_f32's tail
+                        for (int64_t j = 0; j < L; j++) {
+                            if (!all_live[j]) continue;
+                            const float *vr = row_f32(v, vh + j * vsl, in_bf16, d, kvbuf);
+                            for (int64_t g = 0; g < G; g++)
+                                if (lv[g][j])
+                                    for (int64_t e = i; e < d; e++) o[g][e] += pb[g][j] * vr[e];
+                        }
+#else
+                    for (int64_t g = 0; g < G; g++)
+                        for (int64_t e = 0; e < d; e++) o[g][e] = 0.0f;
+                    for (int64_t j = 0; j < L; j++) {
+                        if (!all_live[j]) continue;
+                        const float *vr = row_f32(v, vh + j * vsl, in_bf16, d, kvbuf);
+                        for (int64_t g = 0; g < G; g++)
+                            if (lv[g][j]) axpy_f32(o[g], pb[g][j], vr, d);
+                    }
+#endif
+                    (void)i;
+                    for (int64_t g = 0; g < G; g++) {
+                        const int64_t at = ((b * T + t) * Hq + kvh * G + g) * d;
                         if (mx[g] != -INFINITY) {
                             const float inv = 1.0f / sum[g];
-                            for (int64_t i = 0; i < d; i++) o[g][i] *= inv;
+                            for (int64_t e = 0; e < d; e++) o[g][e] *= inv;
                         }
                         if (out_bf16)
-                            for (int64_t i = 0; i < d; i++)
-                                ((uint16_t *)out)[at + i] = float_to_bf16(o[g][i]);
+                            for (int64_t e = 0; e < d; e++)
+                                ((uint16_t *)out)[at + e] = float_to_bf16(o[g][e]);
+                        else
+                            memcpy((float *)out + at, o[g], sizeof(float) * (size_t)d);
                     }
                 }
         free(s);
