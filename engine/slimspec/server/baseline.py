@@ -9,6 +9,7 @@ draft's scoring is removed: nothing is drafted), never the ratio it was sent.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from dataclasses import dataclass, field
@@ -80,6 +81,10 @@ class TargetOnlyEngine(Engine):
         self._vocab = model.get_output_embeddings().weight.shape[0]
         self._seqs: dict[str, _Seq] = {}
         self._lock = threading.Lock()
+        # Prefill wants no logits: ask for the last position's only, where the model's
+        # forward takes `logits_to_keep` (transformers' causal LMs do).
+        takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._one_logit: dict[str, int] = {"logits_to_keep": 1} if takes else {}
 
     @property
     def max_context(self) -> int | None:
@@ -139,20 +144,22 @@ class TargetOnlyEngine(Engine):
     def has_work(self) -> bool:
         return bool(self._seqs)
 
-    def _forward(self, seq: _Seq, tokens: list[int]) -> Any:
+    def _forward(self, seq: _Seq, tokens: list[int], **kwargs: Any) -> Any:
         ids = torch.tensor([tokens], device=self.device)
         if seq.cache is None:
             from transformers import DynamicCache
 
             seq.cache = DynamicCache(config=self.model.config)
         # updated in place (transformers >= 5 names the argument `cache`)
-        return self.model(input_ids=ids, cache=seq.cache, use_cache=True)
+        return self.model(input_ids=ids, cache=seq.cache, use_cache=True, **kwargs)
 
     @torch.inference_mode()
     def _prefill(self, seq: _Seq, n: int) -> None:
         """The next n prompt tokens into the request's cache (the last one is kept for the
-        forward that samples the first new token)."""
-        self._forward(seq, seq.next_input[:n])
+        forward that samples the first new token). No logits are used, so the LM head
+        runs on one position, not n: for the 1.5B target (151,936 x 1,536) that was
+        ~0.55 s of a 250-token prompt on 2 CPU cores."""
+        self._forward(seq, seq.next_input[:n], **self._one_logit)
         seq.next_input = seq.next_input[n:]
 
     @torch.inference_mode()

@@ -463,6 +463,7 @@ ALWAYS_INLINE void q80_rows_avx2(const block_q8_0 *w, int64_t nb, const int ROWS
     for (int r = 0; r < ROWS; r++) out[r * ldo] = hsum_lanes(acc[r]);
 }
 
+// fn(..., R) with R the compile-time constant 1..8 equal to `rows` (rows or heads)
 #define BY_ROWS(fn, rows, ...)                   \
     switch (rows) {                              \
         case 8: fn(__VA_ARGS__, 8); break;       \
@@ -806,17 +807,6 @@ ALWAYS_INLINE void group_values(float *const *o, const int GN, const int CH, con
         for (int c = 0; c < CH; c++) _mm256_storeu_ps(o[g] + i + 8 * c, acc[g][c]);
 }
 
-#define BY_GROUP(fn, gn, ...)                         \
-    switch (gn) {                                     \
-        case 8: fn(__VA_ARGS__, 8); break;            \
-        case 7: fn(__VA_ARGS__, 7); break;            \
-        case 6: fn(__VA_ARGS__, 6); break;            \
-        case 5: fn(__VA_ARGS__, 5); break;            \
-        case 4: fn(__VA_ARGS__, 4); break;            \
-        case 3: fn(__VA_ARGS__, 3); break;            \
-        case 2: fn(__VA_ARGS__, 2); break;            \
-        default: fn(__VA_ARGS__, 1); break;           \
-    }
 #define SCORES(qr_, k_, kr_, bf_, d_, sc_, out_, GN) group_scores(qr_, GN, k_, kr_, bf_, d_, sc_, out_)
 #define VALUES2(o_, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_, GN) \
     group_values(o_, GN, 2, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_)
@@ -890,7 +880,7 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                         for (int64_t g0 = 0; g0 < G; g0 += 8) {
                             float part[8];
                             const int gn = (int)(G - g0 < 8 ? G - g0 : 8);
-                            BY_GROUP(SCORES, gn, qr + g0, k, kh + j * ksl, in_bf16, d, scale, part)
+                            BY_ROWS(SCORES, gn, qr + g0, k, kh + j * ksl, in_bf16, d, scale, part)
                             for (int g = 0; g < gn; g++) sc[g0 + g][j] = part[g];
                         }
 #else
@@ -921,10 +911,10 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                         int64_t e = 0;
                         if (gn <= 6)  // two vectors per head still fit the registers
                             for (; e + 16 <= d; e += 16)
-                                BY_GROUP(VALUES2, gn, o + g0, (const float *const *)(pb + g0), lv + g0,
+                                BY_ROWS(VALUES2, gn, o + g0, (const float *const *)(pb + g0), lv + g0,
                                          all_live, v, vh, vsl, in_bf16, L, e)
                         for (; e + 8 <= d; e += 8)
-                            BY_GROUP(VALUES1, gn, o + g0, (const float *const *)(pb + g0), lv + g0,
+                            BY_ROWS(VALUES1, gn, o + g0, (const float *const *)(pb + g0), lv + g0,
                                      all_live, v, vh, vsl, in_bf16, L, e)
                         i = e;
                     }
