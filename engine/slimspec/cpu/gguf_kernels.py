@@ -9,10 +9,10 @@ safetensors.
 The C source is compiled on first use (slimspec.cpu.clib): with AVX2/FMA (every x86-64
 CPU of the last decade), using VNNI's multiply-adds where the CPU has them
 (AVX512-VNNI or AVX-VNNI), else as portable C; `path()` names the build so the
-engine's log says which one runs. Every output value is computed by the same sequence of operations
-whatever the number of rows and whichever path runs, so verifying k+1 positions or a
-batch gives each position the logits it gets alone, on any of these CPUs (the header of
-the C file says how).
+engine's log says which one runs. Every output value is computed by the same sequence
+of operations whatever the number of rows and whichever build runs, so verifying k+1
+positions or a batch gives each position the logits it gets alone, on any of these
+CPUs (the header of the C file says how).
 """
 
 from __future__ import annotations
