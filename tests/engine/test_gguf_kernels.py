@@ -3,8 +3,9 @@
 Random blocks of every type with a kernel (Q4_K, Q6_K, Q8_0) are dequantised by the
 `gguf` package (the code llama.cpp's converter ships); the kernels' matmul must equal
 the float64 product of those weights with the int8-quantised activations (up to float32
-rounding), the AVX512-VNNI, AVX2 and portable paths must agree bit for bit, and a row's output must
-not depend on how many rows come with it (what makes verification exact in bf16)."""
+rounding), the builds (avx512-vnni, avx-vnni, avx2, portable) and the row and panel paths
+must agree bit for bit, and a row's output must not depend on how many rows come with it
+(what makes verification exact in bf16)."""
 
 from __future__ import annotations
 
@@ -316,6 +317,7 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     assert np.array_equal(out[:, 0].view(np.uint32), want.view(np.uint32))
     layers = linear_layers(512, torch.bfloat16)
     x = (torch.randn(6, 512) * 5).bfloat16()
+    x_many = (torch.randn(21, 512) * 5).bfloat16()  # enough rows for Q4_K's panels
     q = torch.randn(1, 2, 4, 72).bfloat16()
     k, v = torch.randn(1, 2, 9, 72).bfloat16(), torch.randn(1, 2, 9, 72).bfloat16()
     # float32 out (no rounding to hide a last-bit difference): 6 query heads per KV head,
@@ -328,6 +330,7 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     def results() -> list[torch.Tensor]:
         return [
             *gk.linear_rows(x, layers),
+            *gk.linear_rows(x_many, layers),
             *gk.quantize_rows(x.float(), 32),
             *gk.quantize_rows(x.float(), 256),
             gk.attention_rows(q, k, v, None, 0.2, out_dtype=torch.bfloat16),
