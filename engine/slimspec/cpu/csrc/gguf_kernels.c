@@ -556,10 +556,11 @@ static void q80_avx2(const block_q8_0 *w, int64_t nb, int rows, const int8_t *q,
 // row path needs a second multiply per 32 values. The integers and the float steps per
 // output are the order above, so the bits are those of the row path. On a 2-core Xeon
 // (AVX512-VNNI): Q4_K 194-225 -> 390-425 GOP/s at 256 rows, Q6_K 210 -> 395.
-// *_PANEL_MIN_M: from this many activation rows the panels beat the row path (Q4_K
-// 8960x1536 on 2 threads: 0.94 vs 1.05 ms at 8 rows; Q6_K 1536x8960: 1.32 vs 1.42 ms
-// at 10).
-enum { PANEL_ROWS = 8, PANEL_TOKENS = 6, Q4K_PANEL_MIN_M = 8, Q6K_PANEL_MIN_M = 10 };
+// PANEL_MIN_M: from this many activation rows the panels take over. A lone 8960x1536
+// Q4_K gains from 8 rows on (0.94 vs 1.05 ms), but the 1.5B target's whole forward,
+// with its narrow k/v projections and the panels' repacking, is as fast or faster on
+// the row path up to 12 rows (8 rows: 145 vs 166 ms; 12 rows: 207 vs 210 ms).
+enum { PANEL_ROWS = 8, PANEL_TOKENS = 6, PANEL_MIN_M = 16 };
 
 typedef struct {
     uint8_t w[8][8][PANEL_ROWS][4];  // [sub-block][4-value group][weight row]: values 0..15
@@ -871,8 +872,7 @@ static void weight_rows(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K
                         const int8_t *q, const float *dx, const int16_t *bsum, void *y,
                         int64_t ldy, int y_bf16, int scalar) {
 #if defined(__AVX2__)
-    if (!scalar &&
-        ((wt->type == TYPE_Q4_K && M >= Q4K_PANEL_MIN_M) || (wt->type == TYPE_Q6_K && M >= Q6K_PANEL_MIN_M)) &&
+    if (!scalar && (wt->type == TYPE_Q4_K || wt->type == TYPE_Q6_K) && M >= PANEL_MIN_M &&
         rows_by_panels(wt, n0, n1, K, M, q, dx, bsum, y, ldy, y_bf16))
         return;
 #endif
