@@ -596,6 +596,22 @@ ALWAYS_INLINE void transpose_groups(const __m256i *a, __m256i *o) {
     _mm256_store_si256(o + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
 }
 
+// s[t] += sc x (the dot of `groups` 4-value groups w[0..groups-1] of the panel's 8
+// weight rows with activation row t's values from x + t * K), for t < T: one vpdpbusd
+// per group and row, one vpmulld per row for the sub-block's scale.
+ALWAYS_INLINE void add_scaled_dots(const uint8_t (*w)[PANEL_ROWS][4], const int groups,
+                                   const int8_t *x, int64_t K, const int T, __m256i sc,
+                                   __m256i *s) {
+    __m256i dot[PANEL_TOKENS];
+    for (int t = 0; t < T; t++) dot[t] = _mm256_setzero_si256();
+    for (int g = 0; g < groups; g++) {
+        const __m256i wv = _mm256_load_si256((const __m256i *)w[g]);
+        for (int t = 0; t < T; t++)
+            dot[t] = DPBUSD256_ACC(dot[t], wv, _mm256_set1_epi32(load_i32(x + t * K + 4 * g)));
+    }
+    for (int t = 0; t < T; t++) s[t] = _mm256_add_epi32(s[t], _mm256_mullo_epi32(dot[t], sc));
+}
+
 // Weight rows w[0..nr-1] (nr <= 8, row stride row_bytes; the rest zero) -> nb panels.
 static void q4k_pack_panel(const uint8_t *w, int64_t row_bytes, int nr, int64_t nb,
                            q4k_panel *p) {
@@ -685,18 +701,9 @@ ALWAYS_INLINE void q6k_panel_rows(const q6k_panel *p, int64_t nb, const int T, c
         const q6k_panel *pb = p + b;
         __m256i s[PANEL_TOKENS], o[PANEL_TOKENS];
         for (int t = 0; t < T; t++) s[t] = o[t] = _mm256_setzero_si256();
-        for (int sb = 0; sb < 16; sb++) {
-            const int8_t *x = q + b * QK_K + 16 * sb;
-            __m256i dot[PANEL_TOKENS];
-            for (int t = 0; t < T; t++) dot[t] = _mm256_setzero_si256();
-            for (int g = 0; g < 4; g++) {
-                const __m256i wv = _mm256_load_si256((const __m256i *)pb->w[sb][g]);
-                for (int t = 0; t < T; t++)
-                    dot[t] = DPBUSD256_ACC(dot[t], wv, _mm256_set1_epi32(load_i32(x + t * K + 4 * g)));
-            }
-            const __m256i sc = _mm256_load_si256((const __m256i *)pb->sc[sb]);
-            for (int t = 0; t < T; t++) s[t] = _mm256_add_epi32(s[t], _mm256_mullo_epi32(dot[t], sc));
-        }
+        for (int sb = 0; sb < 16; sb++)
+            add_scaled_dots(pb->w[sb], 4, q + b * QK_K + 16 * sb, K, T,
+                            _mm256_load_si256((const __m256i *)pb->sc[sb]), s);
         for (int pr = 0; pr < 8; pr++) {
             const __m256i sc2 = _mm256_load_si256((const __m256i *)pb->sc2[pr]);
             for (int t = 0; t < T; t++)
@@ -723,20 +730,11 @@ ALWAYS_INLINE void q4k_panel_rows(const q4k_panel *p, int64_t nb, const int T, c
         __m256i s[PANEL_TOKENS], m[PANEL_TOKENS];
         for (int t = 0; t < T; t++) s[t] = m[t] = _mm256_setzero_si256();
         for (int sb = 0; sb < 8; sb++) {
-            const int8_t *x = q + b * QK_K + 32 * sb;
-            __m256i dot[PANEL_TOKENS];
-            for (int t = 0; t < T; t++) dot[t] = _mm256_setzero_si256();
-            for (int g = 0; g < 8; g++) {
-                const __m256i wv = _mm256_load_si256((const __m256i *)pb->w[sb][g]);
-                for (int t = 0; t < T; t++)
-                    dot[t] = DPBUSD256_ACC(dot[t], wv, _mm256_set1_epi32(load_i32(x + t * K + 4 * g)));
-            }
-            const __m256i sc = _mm256_load_si256((const __m256i *)pb->sc[sb]);
+            add_scaled_dots(pb->w[sb], 8, q + b * QK_K + 32 * sb, K, T,
+                            _mm256_load_si256((const __m256i *)pb->sc[sb]), s);
             const __m256i mn = _mm256_load_si256((const __m256i *)pb->mn[sb]);
-            for (int t = 0; t < T; t++) {
-                s[t] = _mm256_add_epi32(s[t], _mm256_mullo_epi32(dot[t], sc));
+            for (int t = 0; t < T; t++)
                 m[t] = DPWSSD256(m[t], mn, _mm256_set1_epi32(load_i32(bsum + t * nbs + b * 16 + 2 * sb)));
-            }
         }
         const __m256 d = _mm256_load_ps(pb->d), dmin = _mm256_load_ps(pb->dmin);
         for (int t = 0; t < T; t++) {
