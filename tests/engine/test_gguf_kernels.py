@@ -317,7 +317,7 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     assert np.array_equal(out[:, 0].view(np.uint32), want.view(np.uint32))
     layers = linear_layers(512, torch.bfloat16)
     x = (torch.randn(6, 512) * 5).bfloat16()
-    x_many = (torch.randn(21, 512) * 5).bfloat16()  # enough rows for Q4_K's panels
+    x_many = (torch.randn(21, 512) * 5).bfloat16()  # Q4_K and Q6_K panels (from 16 rows)
     q = torch.randn(1, 2, 4, 72).bfloat16()
     k, v = torch.randn(1, 2, 9, 72).bfloat16(), torch.randn(1, 2, 9, 72).bfloat16()
     # float32 out (no rounding to hide a last-bit difference): 6 query heads per KV head,

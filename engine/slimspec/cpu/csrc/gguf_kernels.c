@@ -360,8 +360,7 @@ static const uint8_t SPREAD_PAIR[4][32] __attribute__((aligned(32))) = {
 };
 #define SPREAD6(j) _mm256_load_si256((const __m256i *)SPREAD_PAIR[j])
 
-// The totals of s[r]'s and m[r]'s 8 int32 lanes (exact) for r < R: lane r of *st
-// and of *mt. One reduction tree carries both while R <= 4.
+// Lane i: the total of the i-th argument's 8 int32 lanes (exact).
 ALWAYS_INLINE __m256i tree8(__m256i a, __m256i b, __m256i c, __m256i d, __m256i e, __m256i f,
                             __m256i g, __m256i h) {
     const __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
@@ -370,6 +369,27 @@ ALWAYS_INLINE __m256i tree8(__m256i a, __m256i b, __m256i c, __m256i d, __m256i 
                             _mm256_permute2x128_si256(ab, cd, 0x31));
 }
 
+// The totals of s[r]'s 8 int32 lanes (exact) for r < R, in lane r (lanes past R are
+// never stored).
+ALWAYS_INLINE __m256i lane_totals1(const __m256i *s, const int R) {
+    if (R == 1) {
+        const __m256i h = _mm256_hadd_epi32(s[0], s[0]);
+        const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        return _mm256_castsi128_si256(_mm_hadd_epi32(t, t));
+    }
+    const __m256i z = _mm256_setzero_si256();
+#define S(i) ((i) < R ? s[i] : z)
+    if (R <= 4) {  // half a tree: the 4 totals in the low 128 bits
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(S(0), S(1)), _mm256_hadd_epi32(S(2), S(3)));
+        const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        return _mm256_castsi128_si256(t);
+    }
+    return tree8(S(0), S(1), S(2), S(3), S(4), S(5), S(6), S(7));
+#undef S
+}
+
+// The totals of s[r]'s and m[r]'s 8 int32 lanes (exact) for r < R: lane r of *st
+// and of *mt. One reduction tree carries both while R <= 4.
 ALWAYS_INLINE void lane_totals(const __m256i *s, const __m256i *m, const int R, __m256i *st,
                                __m256i *mt) {
     const __m256i z = _mm256_setzero_si256();
@@ -388,8 +408,8 @@ ALWAYS_INLINE void lane_totals(const __m256i *s, const __m256i *m, const int R, 
         *st = both;
         *mt = _mm256_permute2x128_si256(both, both, 0x11);
     } else {
-        *st = tree8(S(0), S(1), S(2), S(3), S(4), S(5), S(6), S(7));
-        *mt = tree8(M(0), M(1), M(2), M(3), M(4), M(5), M(6), M(7));
+        *st = lane_totals1(s, R);
+        *mt = lane_totals1(m, R);
     }
 #undef S
 #undef M
@@ -490,8 +510,7 @@ ALWAYS_INLINE void q6k_rows_avx2(const block_q6_K *w, int64_t nb, const int ROWS
             const __m256i o32 = _mm256_madd_epi16(bs, scales16);  // the -32 offsets
             s32[r] = _mm256_sub_epi32(s32[r], _mm256_slli_epi32(o32, 5));
         }
-        __m256i st, unused;
-        lane_totals(s32, s32, ROWS, &st, &unused);
+        const __m256i st = lane_totals1(s32, ROWS);
         const __m256 dd = _mm256_mul_ps(row_scales(dx, ndx, b, ROWS), _mm256_set1_ps(half_to_float(w[b].d)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), dd, acc);
     }
