@@ -227,7 +227,8 @@ def ratio_effect_runs(
     out["predicted_speedup"] = runs[ratios[-1]][-1]["predicted_speedup"]
     out["settle_s"], out["repeats"], out["clients"] = settle_s, repeats, clients
     last = out[repr(ratios[-1])]
-    if last["measured_vs_first"] and last["predicted_vs_first"]:
+    # one ratio alone compares nothing: no error (0 would read as a perfect prediction)
+    if len(ratios) > 1 and last["measured_vs_first"] and last["predicted_vs_first"]:
         # |predicted - measured| / measured, for the last ratio's effect on the first's
         err = (
             abs(last["predicted_vs_first"] - last["measured_vs_first"]) / last["measured_vs_first"]
