@@ -209,3 +209,39 @@ def test_a_paired_trial_as_whole_ticks_writes_and_announces() -> None:
         ("", "Warning", Reason.REVERTED_NO_GAIN),
     ]
     assert [x for x in held if x[0]] == held[:2]
+
+
+def test_a_lowering_because_compression_cannot_help_stays_unless_slower() -> None:
+    # The engines say compression cannot help and the ratio changes nothing: each step
+    # down is a paired trial, held within the margin and kept (the safe side), down to
+    # the lowest allowed ratio.
+    run = simulate(Plant("neutral"), 40, noise=0.01, seed=7, claims="hurts")
+    assert run.verdicts and all(v.trial.paired and v.keep for v in run.verdicts)
+    assert {v.outcome for v in run.verdicts} == {Outcome.NEUTRAL}
+    assert [c.to_ratio for c in run.kept_moves()] == [0.2, 0.1]
+    assert run.ratios[-1] == S.min_ratio
+
+
+def test_a_lowering_the_engines_ask_for_is_undone_when_measured_slower() -> None:
+    # The engines wrongly say compression cannot help where a lower ratio is 14 %
+    # slower per token: the lowering reads worse beyond the margin, goes back to 0.3
+    # and is backed off (not tried again for 10 cooldowns).
+    run = simulate(HELPS, 30, noise=0.01, seed=8, load=1.0, claims="hurts")
+    first = run.verdicts[0]
+    assert first.trial.paired and (first.trial.from_ratio, first.trial.to_ratio) == (0.3, 0.2)
+    assert first.outcome == Outcome.WORSE and not first.keep
+    assert run.kept_moves() == []
+    judged = int((first.time - T0).total_seconds() // 60)
+    assert set(run.ratios[judged + 1 : judged + 1 + 15]) == {0.3}
+    assert any(d.reason == Reason.HOLD_BACKING_OFF for d in run.decisions[judged + 1 :])
+
+
+def test_a_safe_side_lowering_without_its_windows_stays() -> None:
+    # As above, but the tokens stop after the move: the trial ends unjudged after 10
+    # cooldowns and, being a lowering on the safe side, stays where it went.
+    run = simulate(Plant("neutral"), 40, noise=0.01, seed=9, claims="hurts", stall_after=3)
+    move = run.changes[0]
+    assert (move.reason, move.from_ratio, move.to_ratio) == (Reason.CANNOT_HELP, 0.3, 0.2)
+    v = run.verdicts[0]
+    assert v.outcome == Outcome.INCONCLUSIVE and v.keep
+    assert all(c.to_ratio <= 0.2 for c in run.changes) and 0.3 not in run.ratios[5:]

@@ -15,7 +15,8 @@ Every latency move is a trial that `judge_trial` keeps or reverts after the
 cooldown (trials.py). A move made for speed, where the engines export the totals
 for the exact mean per token, is a paired trial: measured at the new ratio, then
 back at the old one, and kept (moved again) only when the new ratio was faster by
-more than the margin (verdict.py).
+more than the margin (verdict.py). A lowering because compression cannot help is
+paired too, and kept unless the lower ratio was slower by more than the margin.
 """
 
 from __future__ import annotations
@@ -131,14 +132,19 @@ def _judge_paired(sit: Situation, trial: Trial, last_replica_change: datetime | 
 
 def _window_overdue(sit: Situation, trial: Trial) -> Decision | None:
     """A window that has not come together in 10 cooldowns (samples gone, no tokens,
-    a cooldown longer than the samples kept) will not: the trial ends unjudged, back
-    at the old ratio, not backed off."""
+    a cooldown longer than the samples kept) will not: the trial ends unjudged, not
+    backed off; back at the old ratio, except a lowering on the safe side, which stays."""
     started = trial.recheck_time or trial.time
     waited = (sit.now - started).total_seconds()
     if waited <= sit.s.backoff_seconds:
         return None
     v = fx.unjudged(trial, sit.now, sit.rate, f"no complete window in {waited:.0f}s")
     effect = sit.effect.learnt(v)
+    if v.keep:
+        if trial.after is None:  # still at the new ratio
+            return replace(sit.hold(Reason.CONFIRMED, v.message), effect=effect, verdict=v)
+        decision = move(sit.ratio, trial.to_ratio, Reason.CONFIRMED, v.message, effect)
+        return replace(decision, verdict=v)
     reason = REVERT_REASONS[Outcome.INCONCLUSIVE]
     if trial.after is None:  # still at the new ratio
         return replace(move(sit.ratio, trial.from_ratio, reason, v.message, effect), verdict=v)
@@ -201,7 +207,8 @@ def _cannot_help(sit: Situation, pred: rp.Predictions) -> Decision:
             return _backing_off(sit, b)
         new = max(desired, sit.ratio - sit.down_step)
         msg = f"compression cannot help here ({reason}); lowering toward {desired:g}"
-        return sit.trial(new, Reason.CANNOT_HELP, msg, Basis.ENGINES_CANNOT_HELP)
+        # paired where the totals exist: kept unless measured slower (trials.judge_paired)
+        return sit.trial(new, Reason.CANNOT_HELP, msg, Basis.ENGINES_CANNOT_HELP, paired=True)
     return sit.hold(Reason.CANNOT_HELP, f"compression cannot help here ({reason}); not raising")
 
 

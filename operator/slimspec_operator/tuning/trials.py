@@ -8,10 +8,13 @@ before it are recorded, and once the cooldown has passed `judge` compares them
 with the samples taken since. A change that made latency worse is reverted and
 the same move is backed off (`BackOff`), for longer each time it fails again.
 
-Where the engines export the counters for it, a move made to speed the service up
-is judged instead on the exact mean latency per generated token over alternated
-windows (verdict.py): the trial then also goes back to the old ratio for a second
-window before its verdict (`Trial.before`, `after`, `recheck_time`; `judge_paired`).
+Where the engines export the counters for it, a move made to speed the service up,
+and a lowering the engines ask for because compression cannot help, is judged
+instead on the exact mean latency per generated token over alternated windows
+(verdict.py): the trial then also goes back to the old ratio for a second window
+before its verdict (`Trial.before`, `after`, `recheck_time`; `judge_paired`). The
+move for speed is kept only when faster by more than the margin; the lowering
+unless slower by more.
 
 Everything here is plain data and arithmetic; guards.decide calls it and the
 status documents carry it between ticks (status.py).
@@ -89,6 +92,12 @@ class Trial:
     @property
     def paired(self) -> bool:
         return self.before is not None
+
+    @property
+    def safe_side(self) -> bool:
+        """A lowering the engines asked for (compression cannot help): a paired
+        verdict keeps it unless it was measured slower."""
+        return self.basis == Basis.ENGINES_CANNOT_HELP and self.direction == DOWN
 
     @property
     def in_force(self) -> float:
@@ -267,7 +276,9 @@ def judge_paired(
     outcome = _OUTCOMES[what]
     if replicas_changed:
         outcome, why = Outcome.INCONCLUSIVE, "the replica count changed during the trial"
-    keep = outcome == Outcome.IMPROVED
+    # A move for speed must earn its place; a lowering on the safe side (the engines
+    # say compression cannot help) stays unless it was measured slower.
+    keep = outcome != Outcome.WORSE if trial.safe_side else outcome == Outcome.IMPROVED
     ms = 1e3
     message = (
         f"{trial.from_ratio:g} -> {trial.to_ratio:g}: {trial.after.mean * ms:.2f} ms/token "
@@ -289,10 +300,15 @@ def judge_paired(
 
 
 def unjudged(trial: Trial, now: datetime, rate: float, why: str) -> Verdict:
-    """A paired trial ended without its windows: inconclusive, not kept."""
-    message = f"{trial.from_ratio:g} -> {trial.to_ratio:g}: {why}"
+    """A paired trial ended without its windows: inconclusive; not kept, unless it
+    lowered the ratio on the safe side."""
+    keep = trial.safe_side
+    message = f"{trial.from_ratio:g} -> {trial.to_ratio:g}: {why}" + (
+        "; a lowering on the safe side stays" if keep else ""
+    )
+    revert_to = None if keep else trial.from_ratio
     return Verdict(
-        trial, now, Outcome.INCONCLUSIVE, False, trial.p99_before, rate, message, trial.from_ratio
+        trial, now, Outcome.INCONCLUSIVE, keep, trial.p99_before, rate, message, revert_to
     )
 
 
