@@ -11,6 +11,7 @@ from slimspec_operator.tuning import trials as fx
 from slimspec_operator.tuning.predictions import Predictions
 from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.trials import Basis, Outcome, Trial, judge, with_backoff
+from slimspec_operator.tuning.types import TunerSettings
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -133,9 +134,12 @@ def test_speedup_is_interpolated_inside_the_exported_ratios_only() -> None:
 
 def test_fastest_prefers_the_lowest_ratio_among_near_ties() -> None:
     p = Predictions(speedup={0.0: 2.0, 0.3: 2.3, 0.6: 2.32, 0.9: 1.6})
-    assert rp.fastest(p, 0.1, 0.8, min_gain=0.03) == pytest.approx(0.3)
-    assert rp.fastest(p, 0.1, 0.8, min_gain=0.0) == pytest.approx(0.6)
-    assert rp.fastest(p, 0.1, 0.8, 0.03, allowed=lambda r: r < 0.2) == pytest.approx(0.1)
+    assert rp.fastest(p, 0.1, 0.8, near_tie=0.01) == pytest.approx(0.3)  # 0.9 % apart
+    assert rp.fastest(p, 0.1, 0.8, near_tie=0.0) == pytest.approx(0.6)
+    assert rp.fastest(p, 0.1, 0.8, 0.01, allowed=lambda r: r < 0.2) == pytest.approx(0.1)
+    # 2 % apart is no tie at the default band: the faster ratio, not the lower
+    q = Predictions(speedup={0.0: 2.0, 0.3: 2.3, 0.6: 2.346, 0.9: 1.6})
+    assert rp.fastest(q, 0.1, 0.8, TunerSettings().near_tie) == pytest.approx(0.6)
     assert rp.candidates(p, 0.1, 0.8) == [0.1, 0.3, 0.6, 0.8]
 
 
@@ -150,7 +154,9 @@ def test_effectiveness_condition() -> None:
     assert rp.effectiveness(None, 0.1, 0.5, 0.03)[:2] == ("Unknown", Reason.NO_PREDICTIONS)
     helps = Predictions(speedup={0.0: 2.0, 0.3: 2.3, 0.6: 2.4}, can_help=True)
     status, reason, message = rp.effectiveness(helps, 0.1, 0.5, 0.03)
-    assert (status, reason) == ("True", Reason.PREDICTED_GAIN) and "ratio 0.3" in message
+    assert (status, reason) == ("True", Reason.PREDICTED_GAIN) and "ratio 0.5" in message
+    wide = rp.effectiveness(helps, 0.1, 0.5, 0.03, near_tie=0.03)
+    assert "ratio 0.3" in wide[2]  # 2.30x is within 3 % of 2.37x at 0.5
     small = Predictions(
         speedup={0.0: 2.0, 0.3: 1.95, 0.6: 1.9}, head_share={0.0: 0.07, 0.6: 0.03}, can_help=False
     )

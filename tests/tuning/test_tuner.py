@@ -8,6 +8,7 @@ trial verdicts, back-off and prediction helpers in test_ratio_effect.py.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -175,6 +176,20 @@ def test_unknown_quality_blocks_raises_only() -> None:
     assert not d.changed and d.reason == Reason.HOLD_QUALITY_UNKNOWN
     down = decide(trace([0.1, 0.1], kept=None), 0.3, S, at(60))
     assert down.changed and down.ratio == pytest.approx(0.2)
+
+
+def test_a_raise_from_the_full_head_is_judged_on_the_engines_kept_acceptance() -> None:
+    # At ratio 0 no subset is checked, so there is no kept-acceptance reading; the
+    # engines' measurement at the ratio raised to decides, and blocks when it is low.
+    from_zero = replace(S, min_ratio=0.0)
+    measured = replace(HELPS, kept={r: 0.97 for r in GRID if r > 0})
+    d = decide(trace([0.9, 0.9], kept=None, pred=measured), 0.0, from_zero, at(60))
+    assert d.changed and d.reason == Reason.ABOVE_TARGET and d.ratio == pytest.approx(0.05)
+    low = replace(HELPS, kept={r: 0.4 for r in GRID if r > 0})
+    d = decide(trace([0.9, 0.9], kept=None, pred=low), 0.0, from_zero, at(60))
+    assert not d.changed and d.reason == Reason.NO_PREDICTED_GAIN
+    d = decide(trace([0.9, 0.9], kept=None, pred=HELPS), 0.0, from_zero, at(60))
+    assert not d.changed and d.reason == Reason.HOLD_QUALITY_UNKNOWN
 
 
 # ------------------------------------------------------------------ trials

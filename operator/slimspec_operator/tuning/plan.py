@@ -274,7 +274,11 @@ def plan_ratio(
     effective = None
     if sample.error is None:  # Prometheus down says nothing about compression
         effective = effectiveness(
-            sample.predictions, settings.min_ratio, settings.max_ratio, settings.min_predicted_gain
+            sample.predictions,
+            settings.min_ratio,
+            settings.max_ratio,
+            settings.min_predicted_gain,
+            settings.near_tie,
         )
     msg = f"compression ratio {ratio:g} -> {d.ratio:g} ({d.reason}): {d.message}"
     events = dry_run_events(inp, d.changed, EventReason.DRY_RUN_COMPRESSION, msg)

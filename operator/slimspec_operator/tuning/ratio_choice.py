@@ -231,16 +231,12 @@ def _toward_fastest(sit: Situation, pred: rp.Predictions) -> Decision:
 
     def allowed(r: float) -> bool:
         if r > ratio + _EPS:
-            kept = rp.kept_at(pred, r)
-            return (
-                sit.kept is not None
-                and (kept is None or kept >= s.quality_threshold)
-                and sit.blocked(UP) is None
-            )
+            kept = _kept_for_raise(sit, pred, r)
+            return kept is not None and kept >= s.quality_threshold and sit.blocked(UP) is None
         return r >= ratio - _EPS or sit.blocked(DOWN) is None
 
     here = rp.speedup_at(pred, ratio) or 0.0
-    best = rp.fastest(pred, s.min_ratio, s.max_ratio, s.min_predicted_gain, allowed)
+    best = rp.fastest(pred, s.min_ratio, s.max_ratio, s.near_tie, allowed)
     gain = rp.predicted_gain(pred, ratio, best) if best is not None else None
     if best is None or gain is None or gain < s.min_predicted_gain:
         return _why_not_faster(sit, pred, here)
@@ -253,16 +249,24 @@ def _toward_fastest(sit: Situation, pred: rp.Predictions) -> Decision:
     return sit.trial(new, Reason.ABOVE_TARGET, msg, Basis.PREDICTED, paired=True)
 
 
+def _kept_for_raise(sit: Situation, pred: rp.Predictions, r: float) -> float | None:
+    """The kept acceptance a raise to `r` is judged on: the engines' measurement at
+    `r` where they export one, else the reading at the ratio in force (none at ratio
+    0, where no subset is checked: a raise from 0 needs the engines' measurement)."""
+    kept = rp.kept_at(pred, r)
+    return kept if kept is not None else sit.kept
+
+
 def _why_not_faster(sit: Situation, pred: rp.Predictions, here: float) -> Decision:
     """The hold when p99 is over target and no allowed ratio is predicted faster."""
     s = sit.s
-    best = rp.fastest(pred, s.min_ratio, s.max_ratio, s.min_predicted_gain)
+    best = rp.fastest(pred, s.min_ratio, s.max_ratio, s.near_tie)
     gain = rp.predicted_gain(pred, sit.ratio, best) if best is not None else None
     if best is not None and gain is not None and gain >= s.min_predicted_gain:
         direction = UP if best > sit.ratio else DOWN
         if (b := sit.blocked(direction)) is not None:
             return _backing_off(sit, b)
-        if direction == UP and sit.kept is None:
+        if direction == UP and _kept_for_raise(sit, pred, best) is None:
             return sit.hold(Reason.HOLD_QUALITY_UNKNOWN, "no kept-acceptance reading; not raising")
         return sit.hold(
             Reason.NO_PREDICTED_GAIN,

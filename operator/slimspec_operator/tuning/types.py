@@ -93,6 +93,9 @@ class TunerSettings:
     reversal_window_cooldowns: float = 10.0
     # A predicted speed-up smaller than this (relative) is not worth a move.
     min_predicted_gain: float = 0.03
+    # Among ratios predicted within this (relative) of the fastest, the lowest: the
+    # engines' predictions for neighbouring ratios scatter by about this much.
+    near_tie: float = 0.01
     # A reverted move waits this many cooldowns, doubling per repeat, up to
     # `backoff_max_factor` times that.
     backoff_cooldowns: float = 10.0
