@@ -8,9 +8,11 @@ load from a fixed number of clients.
 
 Engine configurations, one after the other:
   helps   the default CPU engine (the target from its GGUF blocks, int4 draft with
-          its head as int8 rows), code traffic, 3 clients: the target verifies from
-          4-bit blocks, so the draft is a large share of a step, and the head keeps
-          its acceptance on code, so a larger ratio makes drafting cheaper
+          its head as int8 rows), the serving bench's eight short prompts, 3
+          clients: the target verifies from 4-bit blocks, so the draft is a large
+          share of a step, and the head keeps its acceptance on them, so a larger
+          ratio makes drafting cheaper
+  helps-from-off   the same, on a service deployed with compression off (ratio 0)
   helps-bf16   the draft in bf16 (bf16-fused), code traffic: its 151936 x 896 head
           is a larger share of a slower draft step (the configuration of the runs
           before the target's own form)
@@ -19,16 +21,22 @@ Engine configurations, one after the other:
           the target emits, so a larger ratio costs acceptance
   aa      A/A: the target alone, where the ratio cannot matter
 
-Each configuration, under constant load:
-  warm-up    tuning off, ratio 0.3 (the default): the engine measures and predicts
-  baseline   tuning off, ratio 0.3: latency measured
+Each configuration, under constant load, from its start ratio (0.3, the default,
+unless it says otherwise):
+  warm-up    tuning off, the start ratio: the engine measures and predicts
+  baseline   tuning off, the start ratio: latency measured
   tuning     tuning on, bounds [0, 0.95], target below the baseline p99, so the
              tuner wants a faster service and moves as the predictions say
-  re-check   tuning off again (ratio back to 0.3): latency measured again; the
-             baseline is the mean of the two fixed-ratio phases (drift control)
+  re-check   tuning off again (back at the start ratio): latency measured again
+  paired     only where the tuner settled on another ratio: tuning off, the start
+             ratio (A) and the settled one (B) in alternated windows ABBA BAAB
 
 Figures (bench/results/tuning.json, plot tuning.png):
-  tuner_latency_gain_when_knob_helps   fixed-ratio mean latency / tuned mean - 1
+  tuner_latency_gain_when_knob_helps   mean latency per generated token at the start
+                                       ratio / at the settled one - 1, from the paired
+                                       windows (0 where the tuner ended where it
+                                       started; `gain_unpaired`: the fixed phases'
+                                       mean request latency / the tuned half's - 1)
   tuner_never_worse_when_knob_hurts    the tuner never raised the ratio there and
                                        its latency was not worse than fixed (+5 %)
 
@@ -37,7 +45,7 @@ Figures (bench/results/tuning.json, plot tuning.png):
   tuner_latency_gain_when_knob_helps_runs   the gain of each run, with --merge
 
 Run: .venv/bin/python bench/tuning.py [--quick] [--configs helps,hurts,aa] [--out DIR]
-     [--merge] [--plot-only]
+     [--merge] [--plot-only]   (configs: helps, helps-from-off, helps-bf16, hurts, aa)
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import tempfile
 import textwrap
@@ -55,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import serving as serving_bench  # bench/serving.py: cpu_model
+import workloads  # bench/workloads.py: the serving bench's short prompts
 from kubernetes import client
 from slimspec.draft_head.corpus import heldout_texts
 from slimspec_testbed.cluster.control_plane import running_cluster
@@ -90,15 +100,28 @@ NOT_WORSE = 0.05  # "never worse": tuned mean latency within 5 % of fixed
 CONFIGS: dict[str, dict[str, Any]] = {
     "helps": {
         "what": "Qwen2.5-Coder pair, the default CPU engine: target from its Q4_K GGUF "
-        "blocks, int4 draft (head int8 rows), adaptive k; code, 3 clients",
+        "blocks, int4 draft (head int8 rows), adaptive k; the serving bench's eight short "
+        "prompts, 3 clients",
         "engine": {"dtype": "bfloat16", "draft_quantization": "auto", "num_draft_tokens": None},
         # On the Xeon with the K-quant panels 0.3 -> 0.9 served +5.8% at 3 clients and
-        # +5.0% at 1 (bench/results/serving_ratio_from_default_intel.json), and 3
-        # clients complete about three times the requests a window: less noise.
+        # +5.0% at 1 on these prompts (bench/results/serving_ratio_from_default_intel.json;
+        # one repeated prompt: under 3 %), and 3 clients complete about three times the
+        # requests a window: less noise.
+        "prompts": "short",
         "clients": 3,
         # one trial straight to the predicted best: its whole effect in one verdict,
         # which is what stands above the paired windows' margin (3 % at least)
         "max_step": 0.6,
+    },
+    "helps-from-off": {
+        "what": "as helps, on a service deployed with compression off (ratio 0): the "
+        "tuner may turn it on",
+        "engine": {"dtype": "bfloat16", "draft_quantization": "auto", "num_draft_tokens": None},
+        # the same runs predicted 0 -> 0.9 at +10 % (1 client) and +12 % (3 clients)
+        "prompts": "short",
+        "clients": 3,
+        "start_ratio": 0.0,
+        "max_step": 0.9,
     },
     "helps-bf16": {
         "what": "Qwen2.5-Coder 1.5B target, 0.5B draft in bf16 (bf16-fused), adaptive k",
@@ -123,7 +146,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "tuning_s": 1200,
     },
 }
-HELPS = ("helps", "helps-bf16")  # either is a run where the knob should pay
+HELPS = ("helps", "helps-from-off", "helps-bf16")  # runs where the knob should pay
 PROMPT_CHARS = 400  # a held-out prompt: about this many characters, whole lines
 N_PROMPTS = 12
 # Paired verdicts need whole windows (2 ticks spanning >= the cooldown) of A, B and A
@@ -131,6 +154,12 @@ N_PROMPTS = 12
 PHASES = {"warm-up": 60, "baseline": 60, "tuning": 600, "re-check": 60}
 QUICK = {"warm-up": 30, "baseline": 25, "tuning": 100, "re-check": 25}
 VERDICTS = ("ChangeConfirmed", "RevertedLatencyWorse", "RevertedNoGain", "Inconclusive")
+# After the re-check, where the tuner settled on another ratio: the start ratio (A) and
+# the settled one (B) in alternated windows, tuning off. ABBA BAAB: each half cancels a
+# drift linear in time, the two halves a quadratic one.
+PAIRED_ORDER = "ABBABAAB"
+PAIRED_WINDOW_S, QUICK_PAIRED_WINDOW_S = 45, 20
+PAIRED_SETTLE_S = 8  # requests that finish this soon after a switch are left out
 
 
 def heldout_prompts(domain: str) -> list[str]:
@@ -193,9 +222,11 @@ def run_config(
         "fallback_strategy": "none",
     }
     meta = client.V1ObjectMeta(name=f"{SVC}-runtime")
+    cfg = CONFIGS[name]
+    start_ratio = cfg.get("start_ratio", FIXED_RATIO)
+    data["compression_ratio"] = str(start_ratio)
     core.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=meta, data=data))
     port, pair = free_port(), real_model_pair()
-    cfg = CONFIGS[name]
     if "tuning_s" in cfg and not quick:
         phases = {**phases, "tuning": cfg["tuning_s"]}
     draft = cfg.get("draft", str(pair.draft))
@@ -211,7 +242,11 @@ def run_config(
     prom = PrometheusServer(tool_path("prometheus"), work / f"prom-{name}", config)
     tuner = tuner_process(ns, cluster.env, work)
     tuner.log_path = work / f"tuner-{name}.log"
-    prompts = heldout_prompts(cfg["prompts"]) if "prompts" in cfg else [PROMPT]
+    prompts = [PROMPT]
+    if cfg.get("prompts") == "short":
+        prompts = workloads.SHORT_PROMPTS
+    elif "prompts" in cfg:
+        prompts = heldout_prompts(cfg["prompts"])
     clients = cfg.get("clients", CLIENTS)
     load = LoadGen(url, workers=clients, max_length=MAX_LENGTH, prompts=prompts)
     spec = service_spec(
@@ -223,8 +258,9 @@ def run_config(
         maxStep=cfg.get("max_step", 0.2 if quick else 0.1),
         latencyTargetSeconds=100.0,
     )
-    spec["compression"] = {"ratio": FIXED_RATIO, "minRatio": 0.0, "maxRatio": 0.95}
+    spec["compression"] = {"ratio": start_ratio, "minRatio": 0.0, "maxRatio": 0.95}
     marks: dict[str, tuple[float, float]] = {}
+    paired: list[tuple[float, float, float]] = []  # (ratio, start, end) of each window
     target_s, body = 0.0, {}
     try:
         engine.start()
@@ -262,7 +298,7 @@ def run_config(
                 # The ConfigMap is the bench's (the reconciler, which would write the
                 # spec's ratio back, leaves an object it does not own alone): put the
                 # fixed ratio back for the re-check, as the reconciler would.
-                fixed = {"data": {"compression_ratio": str(FIXED_RATIO)}}
+                fixed = {"data": {"compression_ratio": str(start_ratio)}}
                 core.patch_namespaced_config_map(f"{SVC}-runtime", ns, fixed)
             while time.monotonic() - start < seconds:
                 time.sleep(1)
@@ -273,14 +309,87 @@ def run_config(
             if phase == "tuning":  # the tuner's status, before tuning off gives it back
                 body = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, SVC)
             log(f"{name}: {phase} done", t0)
+        settled = settled_ratio(body)
+        if settled is not None and abs(settled - start_ratio) > 1e-9:
+            rec.mark("paired")
+            seconds = QUICK_PAIRED_WINDOW_S if quick else PAIRED_WINDOW_S
+            for ab in PAIRED_ORDER:
+                r = start_ratio if ab == "A" else settled
+                ratio_data = {"data": {"compression_ratio": str(r)}}
+                core.patch_namespaced_config_map(f"{SVC}-runtime", ns, ratio_data)
+                start = time.monotonic()
+                time.sleep(seconds)
+                paired.append((r, start, time.monotonic()))
+            log(f"{name}: paired {start_ratio:g} / {settled:g} done", t0)
         rec.stop()
     finally:
         load.stop()
         tuner.stop()
         prom.stop()
         engine.stop()
-    summary = summarize_config(name, rec, load, marks, body, target_s)
+    summary = summarize_config(name, rec, load, marks, body, target_s, start_ratio)
+    summary |= paired_gain(load, paired, start_ratio, summary)
     return {**summary, "clients": clients, "max_step": spec["tuning"]["maxStep"]}
+
+
+def settled_ratio(body: dict[str, Any]) -> float | None:
+    """The ratio the tuner had settled on when tuning stopped: the one in status, or,
+    with a trial under way, the ratio it started from (its last kept one)."""
+    comp = (body.get("status") or {}).get("compression") or {}
+    trial = comp.get("trial")
+    if trial:
+        return float(trial["from"])
+    return float(comp["ratio"]) if comp.get("ratio") is not None else None
+
+
+def paired_gain(
+    load: LoadGen,
+    windows: list[tuple[float, float, float]],
+    start_ratio: float,
+    summary: dict[str, Any],
+) -> dict[str, Any]:
+    """The gain from alternated windows of the start ratio and the settled one: mean
+    latency per generated token (sum of latencies / sum of tokens of the requests
+    served at the window's ratio) at the start ratio over that at the settled one,
+    minus 1, with its standard error from the spread of the windows' means. No
+    windows (the tuner ended where it started): no move, a gain of 0.
+    `gain_unpaired` keeps the comparison of the fixed phases with the tuned half."""
+    out: dict[str, Any] = {"gain_unpaired": summary["gain"]}
+    if not windows:
+        out |= {"gain": 0.0, "gain_basis": "no move: the tuner ended at the start ratio"}
+        return out
+    parts = []
+    for ratio, a, b in windows:
+        recs = [
+            x for x in load.served
+            if a + PAIRED_SETTLE_S <= x[0] <= b and abs(x[3] - ratio) < 1e-6
+        ]  # fmt: skip
+        tokens, seconds = sum(x[2] for x in recs), sum(x[1] for x in recs)
+        parts.append({
+            "ratio": ratio, "requests": len(recs), "tokens": tokens,
+            "s_per_token": round(seconds / tokens, 5) if tokens else None,
+        })  # fmt: skip
+
+    def pooled(at_start: bool) -> tuple[float, list[float]]:
+        mine = [p for p in parts if (abs(p["ratio"] - start_ratio) < 1e-9) == at_start]
+        means = [p["s_per_token"] for p in mine if p["s_per_token"]]
+        tokens = sum(p["tokens"] for p in mine)
+        seconds = sum(p["s_per_token"] * p["tokens"] for p in mine if p["s_per_token"])
+        return seconds / tokens, means
+
+    (a, a_means), (b, b_means) = pooled(True), pooled(False)
+    va = statistics.variance(a_means) / len(a_means)  # of the pooled means, roughly
+    vb = statistics.variance(b_means) / len(b_means)
+    se = math.sqrt(va / b**2 + vb * a**2 / b**4)  # of a / b, to first order
+    out |= {
+        "gain": round(a / b - 1.0, 4),
+        "gain_se": round(se, 4),
+        "gain_basis": f"alternated windows {PAIRED_ORDER} of the start ratio (A) and the "
+        "settled one (B), tuning off: mean latency per generated token",
+        "paired_s_per_token": {"start": round(a, 5), "settled": round(b, 5)},
+        "paired_windows": parts,
+    }
+    return out
 
 
 def summarize_config(
@@ -290,6 +399,7 @@ def summarize_config(
     marks: dict[str, tuple[float, float]],
     body: dict[str, Any],
     target_s: float,
+    start_ratio: float,
 ) -> dict[str, Any]:
     status = body.get("status") or {}
     comp = status.get("compression") or {}
@@ -311,13 +421,13 @@ def summarize_config(
     return {
         "what": CONFIGS[name]["what"],
         "latency_target_seconds": target_s,
-        "fixed_ratio": FIXED_RATIO,
+        "fixed_ratio": start_ratio,
         "fixed": fixed,
         "tuned": tuned,
         "gain": round(fixed_mean / tuned["mean_s"] - 1.0, 4) if tuned.get("requests") else None,
         "ratio_end": ratios[-1] if ratios else None,
         "ratio_max": max(ratios) if ratios else None,
-        "raised": any(r > FIXED_RATIO + 1e-9 for r in ratios),
+        "raised": any(r > start_ratio + 1e-9 for r in ratios),
         "phase_seconds": {k: round(b - a, 1) for k, (a, b) in marks.items()},
         "verdicts": {v: turned.count(v) for v in VERDICTS},
         "moves_kept": turned.count("ChangeConfirmed"),

@@ -140,7 +140,8 @@ def wait_ready(url: str, proc: Process, timeout: float) -> None:
 
 class LoadGen:
     """`workers` threads posting /infer requests back to back; each finished
-    request's (completion time on the monotonic clock, seconds taken) is kept."""
+    request's (completion time on the monotonic clock, seconds taken) is kept, and
+    in `served` its generated tokens and the ratio the engine says it served at."""
 
     def __init__(
         self,
@@ -161,6 +162,8 @@ class LoadGen:
         self.done = 0
         self.errors = 0
         self.latencies: list[tuple[float, float]] = []
+        # (completion time, seconds, completion tokens, ratio served at)
+        self.served: list[tuple[float, float, int, float]] = []
 
     def _loop(self) -> None:
         while not self.stop_event.is_set():
@@ -170,10 +173,12 @@ class LoadGen:
             start = time.monotonic()
             try:
                 with urllib.request.urlopen(req, timeout=120) as resp:
-                    resp.read()
+                    answer = json.loads(resp.read())
                 self.done += 1
                 end = time.monotonic()
+                tokens, ratio = answer["completion_tokens"], answer["compression_ratio"]
                 self.latencies.append((end, end - start))
+                self.served.append((end, end - start, tokens, ratio))
             except (urllib.error.URLError, OSError):
                 self.errors += 1
                 time.sleep(0.5)
