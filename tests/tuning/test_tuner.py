@@ -115,6 +115,11 @@ def test_compression_cannot_help_goes_to_min_and_never_raises() -> None:
     noisy = Predictions(speedup={r: 2.0 + 0.05 * r for r in GRID}, can_help=False, best=0.0)
     d = decide(trace([0.6, 0.6], pred=noisy), 0.3, S, at(60))
     assert d.changed and d.ratio == pytest.approx(0.2)
+    # A step down predicted slower than a near tie (1.9 % here) is not taken either:
+    # no gain is proven either way, and the ratio changes only speed.
+    slower = Predictions(speedup={r: 2.0 + 0.4 * r for r in GRID}, can_help=False, best=0.0)
+    d = decide(trace([0.6, 0.6], pred=slower), 0.3, S, at(60))
+    assert not d.changed and d.reason == Reason.CANNOT_HELP and "not lowering" in d.message
     # Even with no per-ratio figures at all, the flag alone holds the ratio low.
     flag_only = Predictions(can_help=False, reason="HeadShareTooSmall")
     d = decide(trace([0.6, 0.6], pred=flag_only), 0.1, S, at(60))

@@ -197,7 +197,10 @@ def _latency_direction(sit: Situation) -> int | Decision:
 def _cannot_help(sit: Situation, pred: rp.Predictions) -> Decision:
     """The engines say no ratio beats the full head beyond their uncertainty: go
     to the lowest allowed ratio (or the engines' best, if they name a higher one)
-    and stay there; never raise."""
+    and stay there; never raise. A step down that the engines' own point
+    predictions put slower than here (beyond a near tie) is not taken: "cannot
+    help" means no gain proven, and the ratio changes only speed, never the output,
+    so there is nothing safer to buy with a slower step."""
     s = sit.s
     best = pred.best if pred.best is not None else s.min_ratio
     desired = min(max(best, s.min_ratio), s.max_ratio)
@@ -206,6 +209,13 @@ def _cannot_help(sit: Situation, pred: rp.Predictions) -> Decision:
         if (b := sit.blocked(DOWN)) is not None:
             return _backing_off(sit, b)
         new = max(desired, sit.ratio - sit.down_step)
+        here, there = rp.speedup_at(pred, sit.ratio), rp.speedup_at(pred, new)
+        if here is not None and there is not None and there * (1.0 + s.near_tie) < here:
+            return sit.hold(
+                Reason.CANNOT_HELP,
+                f"compression cannot help here ({reason}); not raising, and not lowering: "
+                f"{new:g} is predicted {there:.2f}x against {here:.2f}x at {sit.ratio:g}",
+            )
         msg = f"compression cannot help here ({reason}); lowering toward {desired:g}"
         # paired where the totals exist: kept unless measured slower (trials.judge_paired)
         return sit.trial(new, Reason.CANNOT_HELP, msg, Basis.ENGINES_CANNOT_HELP, paired=True)
