@@ -581,7 +581,8 @@ def main() -> int:
         c = data["configs"][name]
         runs.append(c["gain"])
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
-        detail.append({"config": name, "gain": c["gain"], "what": c["what"],
+        detail.append({"config": name, "gain": c["gain"], "gain_se": c.get("gain_se"),
+                       "gain_unpaired": c.get("gain_unpaired"), "what": c["what"],
                        "clients": c["clients"], "ratio_end": c["ratio_end"],
                        "fixed_mean_s": [f.get("mean_s") for f in c["fixed"]],
                        "tuned_mean_s": c["tuned"].get("mean_s"), "history": c["history"],
@@ -590,6 +591,13 @@ def main() -> int:
     if runs:
         data["figures"][runs_key] = runs
         data["figures"][detail_key] = detail
+        # the runs whose gain comes from the paired windows (those before had none), by
+        # configuration, in the order they ran
+        paired_runs: dict[str, list[float]] = {}
+        for d in detail:
+            if "gain_unpaired" in d:
+                paired_runs.setdefault(d["config"], []).append(d["gain"])
+        data["figures"][runs_key + "_paired"] = paired_runs
     out.write_text(json.dumps(data, indent=1))
     plot(data, args.out / "tuning.png")
     print(json.dumps(data["figures"], indent=1))
