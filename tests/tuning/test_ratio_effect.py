@@ -151,19 +151,20 @@ def test_kept_acceptance_at_a_ratio_errs_on_the_safe_side() -> None:
 
 
 def test_effectiveness_condition() -> None:
-    assert rp.effectiveness(None, 0.1, 0.5, 0.03)[:2] == ("Unknown", Reason.NO_PREDICTIONS)
+    tie = TunerSettings().near_tie
+    assert rp.effectiveness(None, 0.1, 0.5, 0.03, tie)[:2] == ("Unknown", Reason.NO_PREDICTIONS)
     helps = Predictions(speedup={0.0: 2.0, 0.3: 2.3, 0.6: 2.4}, can_help=True)
-    status, reason, message = rp.effectiveness(helps, 0.1, 0.5, 0.03)
+    status, reason, message = rp.effectiveness(helps, 0.1, 0.5, 0.03, tie)
     assert (status, reason) == ("True", Reason.PREDICTED_GAIN) and "ratio 0.5" in message
-    wide = rp.effectiveness(helps, 0.1, 0.5, 0.03, near_tie=0.03)
+    wide = rp.effectiveness(helps, 0.1, 0.5, 0.03, 0.03)
     assert "ratio 0.3" in wide[2]  # 2.30x is within 3 % of 2.37x at 0.5
     small = Predictions(
         speedup={0.0: 2.0, 0.3: 1.95, 0.6: 1.9}, head_share={0.0: 0.07, 0.6: 0.03}, can_help=False
     )
-    status, reason, message = rp.effectiveness(small, 0.1, 0.5, 0.03)
+    status, reason, message = rp.effectiveness(small, 0.1, 0.5, 0.03, tie)
     assert (status, reason) == ("False", Reason.HEAD_SHARE_TOO_SMALL) and "7%" in message
     said = Predictions(can_help=False, reason="SomethingElse")
-    assert rp.effectiveness(said, 0.1, 0.5, 0.03)[1] == "SomethingElse"
+    assert rp.effectiveness(said, 0.1, 0.5, 0.03, tie)[1] == "SomethingElse"
     # The engines say it can help, but not inside these bounds.
     outside = Predictions(speedup={0.0: 2.0, 0.3: 2.0, 0.9: 2.5}, can_help=True)
-    assert rp.effectiveness(outside, 0.1, 0.3, 0.03)[:2] == ("False", Reason.NO_PREDICTED_GAIN)
+    assert rp.effectiveness(outside, 0.1, 0.3, 0.03, tie)[:2] == ("False", Reason.NO_PREDICTED_GAIN)

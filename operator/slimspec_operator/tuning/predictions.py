@@ -105,7 +105,7 @@ def predicted_gain(pred: Predictions, frm: float, to: float) -> float | None:
 
 
 def effectiveness(
-    pred: Predictions | None, low: float, high: float, min_gain: float, near_tie: float = 0.01
+    pred: Predictions | None, low: float, high: float, min_gain: float, near_tie: float
 ) -> tuple[str, str, str]:
     """(status, reason, message) of the CompressionEffective condition."""
     if pred is None or (pred.can_help is None and not pred.usable):
