@@ -45,7 +45,9 @@ Figures (bench/results/tuning.json, plot tuning.png):
   tuner_latency_gain_when_knob_helps_runs   the gain of each run, with --merge
 
 Run: .venv/bin/python bench/tuning.py [--quick] [--configs helps,hurts,aa] [--out DIR]
-     [--merge] [--plot-only]   (configs: helps, helps-from-off, helps-bf16, hurts, aa)
+     [--merge] [--plot-only] [--resume WORKDIR]
+     (configs: helps, helps-from-off, helps-bf16, hurts, aa; --resume takes the
+     configurations an interrupted run finished from its work directory)
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ import argparse
 import itertools
 import json
 import math
+import shutil
 import statistics
 import tempfile
 import textwrap
@@ -238,6 +241,7 @@ def run_config(
     url, target = f"http://127.0.0.1:{port}", f"127.0.0.1:{port}"
     config = scrape_config([target], "1s")
     config["scrape_configs"] = [scrape_job(target, ns, SVC)]
+    shutil.rmtree(work / f"prom-{name}", ignore_errors=True)  # an interrupted try's (--resume)
     (work / f"prom-{name}").mkdir()
     prom = PrometheusServer(tool_path("prometheus"), work / f"prom-{name}", config)
     tuner = tuner_process(ns, cluster.env, work)
@@ -537,6 +541,12 @@ def main() -> int:
     ap.add_argument("--crd", help="CRD file to apply (default: crds/slimspecservice.yaml)")
     ap.add_argument("--plot-only", action="store_true", help="re-plot the saved JSON")
     ap.add_argument(
+        "--resume",
+        type=Path,
+        help="work directory of an interrupted run: the configurations it finished "
+        "(config-NAME.json there) are taken from it, not run again",
+    )
+    ap.add_argument(
         "--merge",
         action="store_true",
         help="keep the saved configurations not run now, and add this run's gain where the "
@@ -550,15 +560,26 @@ def main() -> int:
     else:
         names = [n for n in args.configs.split(",") if n]
         phases = QUICK if args.quick else PHASES
-        work = Path(tempfile.mkdtemp(prefix="bench-tuning-"))
-        configs: dict[str, Any] = {}
+        work = args.resume or Path(tempfile.mkdtemp(prefix="bench-tuning-"))
+        # each finished configuration is saved at once: a run stopped later keeps it
+        configs: dict[str, Any] = {
+            n: json.loads((work / f"config-{n}.json").read_text())
+            for n in names
+            if (work / f"config-{n}.json").exists()
+        }
         with running_cluster() as cluster:
             crd = args.crd or str(REPO_ROOT / "crds" / "slimspecservice.yaml")
             cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", crd)
             crd_name = "crd/slimspecservices.slimspec.io"
             cluster.kubectl("wait", "--for=condition=Established", crd_name)
             for name in names:
+                if name in configs:
+                    print(f"{name}: taken from {work}", flush=True)
+                    continue
                 configs[name] = run_config(cluster, name, phases, args.quick, work)
+                saved = work / f"config-{name}.json"
+                saved.write_text(json.dumps(configs[name], indent=1))
+                print(f"{name}: saved {saved}", flush=True)
         data = {
             "scenario": __doc__.split("Figures")[0].strip(),
             "quick": args.quick,
