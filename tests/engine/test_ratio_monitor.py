@@ -7,10 +7,18 @@ import logging
 import time
 
 import pytest
+import torch
 from slimspec import SpeculativeDecoder
 from slimspec.decoding.quality import RATIO_LADDER, RatioKept
-from slimspec.decoding.ratio_monitor import HeadTimes, RatioMonitor, describe
+from slimspec.decoding.ratio_monitor import (
+    HeadTimes,
+    RatioMonitor,
+    cache_flush,
+    describe,
+    time_heads,
+)
 from slimspec.decoding.types import GenerationRequest, SamplingParams
+from slimspec.draft_head.head import DraftHead, HeadConfig
 from slimspec.server.metrics import Metrics
 
 from tests.engine.helpers import prompts
@@ -27,6 +35,35 @@ def test_head_times_interpolate_in_rows_and_follow_the_online_scale():
     for _ in range(100):  # in service the head at 0.8 takes twice the micro-timing
         ht.refine(1, 0.8, 0.004)
     assert ht.scaled(1)[0.0] == pytest.approx(0.020, rel=0.05)
+
+
+def test_every_timed_head_run_starts_from_a_flushed_cache(monkeypatch):
+    # In service a draft forward streams the body through the caches between two head
+    # calls; timed back to back, a small head would read warm rows (half its service time
+    # on a Xeon) and the one online scale could not fit the small and the full head.
+    head = DraftHead(torch.randn(64, 16), torch.randperm(64))
+    events: list[str] = []
+    real_logits = head.logits
+    monkeypatch.setattr(
+        head, "logits", lambda h, cfg: events.append("score") or real_logits(h, cfg)
+    )
+    flush = cache_flush(head)
+    assert flush is not None  # a CPU head
+    ticks = iter(range(1000))
+
+    def clock() -> float:
+        events.append("clock")
+        return float(next(ticks))
+
+    def flushed() -> None:
+        events.append("flush")
+        flush()
+
+    cfgs = {0.0: HeadConfig(64, None), 0.5: HeadConfig(32, None)}
+    out = time_heads(head, cfgs, 2, clock, reps=2, flush=flushed)
+    timed = ["flush", "clock", "score", "clock"]
+    assert events == (["score"] + timed * 2) * 2  # one untimed warm call per ratio
+    assert out == {0.0: 1.0, 0.5: 1.0}
 
 
 def test_body_time_is_a_forward_without_its_head():

@@ -1,11 +1,12 @@
 """The decoder's measurements of what each ratio costs and buys, and its latest report.
 
 Measured: the head's time per ratio (micro-timed at warm-up for a few batch sizes,
-then scaled by what the head at the ratio in force takes in service), the draft
-body's time per forward (a draft forward minus its head), the rest of a step (its wall
-time minus the draft phase and the verification), the decoder-wide acceptance and,
-from the shadow check, the kept acceptance of every ratio. ratio_model.py turns
-these into the per-ratio predictions the server exports and the operator's tuner reads.
+each run from a cold cache as in service, then scaled by what the head at the ratio in
+force takes in service), the draft body's time per forward (a draft forward minus its
+head), the rest of a step (its wall time minus the draft phase and the verification),
+the decoder-wide acceptance and, from the shadow check, the kept acceptance of every
+ratio. ratio_model.py turns these into the per-ratio predictions the server exports and
+the operator's tuner reads.
 """
 
 from __future__ import annotations
@@ -52,15 +53,40 @@ class RatioReport:
     created: float = field(default_factory=time.time)
 
 
+def cache_flush(head: DraftHead) -> Callable[[], None] | None:
+    """A read of as many bytes as the head's rows hold in the draft dtype, about what a
+    draft forward (body and head) streams through the caches between two head calls in
+    service; None off the CPU.
+
+    Why: timed back to back, a head reads its rows from a warm cache. On a Xeon with a
+    260 MB L3 the ratio-0.9 head then took half its service time and the full head
+    0.85-1.0 of it, so the one service scale HeadTimes learns could not fit both: learnt
+    at 0.9 (about 2.1), it put the full head at 1.7x its real time and the gain of 0.9
+    over 0 at +10-14% where +3% was served. Timed after this read, the scale learnt at
+    0.9 is 1.1-1.3 and that prediction +7-9% (the rest of the gap is not the head's).
+    """
+    w = head.ranked_weight
+    if w.device.type != "cpu":
+        return None
+    buf = torch.ones(max(1, w.numel() * w.element_size() // 8), dtype=torch.int64)
+
+    def flush() -> None:
+        buf.sum()  # the read is the point, the sum is thrown away
+
+    return flush
+
+
 def time_heads(
     head: DraftHead,
     cfgs: Mapping[float, HeadConfig],
     rows: int,
     clock: Callable[[], float],
     reps: int = 3,
+    flush: Callable[[], None] | None = None,
 ) -> dict[float, float]:
     """Seconds of one scoring of `rows` hidden states by each ratio's head (the least of
-    `reps` runs after one untimed call: a micro-benchmark's noise only ever adds)."""
+    `reps` runs after one untimed call: a micro-benchmark's noise only ever adds), each
+    timed run after `flush` where given (cache_flush: cold, as in service)."""
     dtype = head.ranked_weight.dtype
     h = torch.randn(rows, head.hidden, device=head.ranked_weight.device).to(dtype)
     out = {}
@@ -69,6 +95,8 @@ def time_heads(
             head.logits(h, cfg)
             best = float("inf")
             for _ in range(reps):
+                if flush is not None:
+                    flush()
                 t0 = clock()
                 head.logits(h, cfg)
                 best = min(best, clock() - t0)
@@ -142,8 +170,9 @@ class RatioMonitor:
         rows: Sequence[int] = MICRO_ROWS,
     ) -> None:
         cfgs = {r: cfg_for(r) for r in self.ratios}
+        flush = cache_flush(head)
         for n in rows:
-            self.heads.set_micro(n, time_heads(head, cfgs, n, clock))
+            self.heads.set_micro(n, time_heads(head, cfgs, n, clock, flush=flush))
 
     def observe(
         self,
