@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from slimspec_operator.resource.spec import TuningView
 from slimspec_operator.tuning.guards import decide
 from slimspec_operator.tuning.plan import TickInput, TickMemory, plan_tick
@@ -34,6 +35,7 @@ class Run:
     changes: list[Change] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
+    status: dict = field(default_factory=dict)  # status.compression after the last tick
 
     def kept_moves(self) -> list[Change]:
         return [c for c in self.changes if c.reason == Reason.CONFIRMED]
@@ -84,6 +86,7 @@ def simulate(
         if d.changed:
             run.changes.append(Change(now, ratio, d.ratio, d.reason, 5.0 * load))
             ratio = d.ratio
+    run.status = status
     return run
 
 
@@ -143,6 +146,11 @@ def test_a_paired_trial_survives_the_trip_through_status() -> None:
     assert [d.reason for d in stored.decisions] == [d.reason for d in plain.decisions]
     last = stored.verdicts[-1]
     assert last.again is not None and last.paired is not None
+    # ticks after the verdict, the status still says by how much and against what margin
+    assert stored.decisions[-1].verdict is None
+    recorded = stored.status["lastTrial"]
+    assert recorded["meanEffect"] == pytest.approx(last.paired.effect, abs=1e-4)
+    assert recorded["meanMargin"] == pytest.approx(last.paired.margin, abs=1e-4)
 
 
 def test_without_both_totals_a_move_is_judged_on_p99() -> None:

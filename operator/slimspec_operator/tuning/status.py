@@ -23,7 +23,7 @@ from slimspec_operator.tuning import trials as fx
 from slimspec_operator.tuning.reasons import Reason
 from slimspec_operator.tuning.trials import BackOff, Basis, EffectMemory, Outcome, Trial, Verdict
 from slimspec_operator.tuning.types import Change, Decision, Sample, clean
-from slimspec_operator.tuning.verdict import Window
+from slimspec_operator.tuning.verdict import Paired, Window
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -215,7 +215,20 @@ def _verdict(doc: Any) -> Verdict | None:
         return None
     again = _windows(doc.get("windows")).get("again")
     message = str(doc.get("message", ""))
-    return Verdict(trial, when, outcome, keep, after, rate, message, again=again)
+    return Verdict(
+        trial, when, outcome, keep, after, rate, message, again=again, paired=_paired(doc)
+    )
+
+
+def _paired(doc: Mapping[str, Any]) -> Paired | None:
+    """A paired verdict's effect and margin as its status recorded them (the rest of the
+    comparison is not kept). Without this the next tick's apply, which writes what it
+    read back, dropped meanEffect and meanMargin one tick after the verdict."""
+    effect = _float(doc.get("meanEffect"))
+    if effect is None:
+        return None
+    margin = _float(doc.get("meanMargin"))
+    return Paired(effect, math.inf if margin is None else margin, math.nan, 0, None, None)
 
 
 def _backoff_doc(b: BackOff) -> dict[str, Any]:
