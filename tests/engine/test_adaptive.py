@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from slimspec.decoding.adaptive import (
+    AcceptanceEstimate,
     RelativeCosts,
     VerifyCost,
     best_k,
@@ -132,3 +133,17 @@ def test_batch_k_maximises_the_whole_batch_rate_not_the_best_row():
     bad = RelativeCosts(draft=2.0, verify_per_token=0.5, single=1.0)
     assert choose_batch_k([0.1, 0.1], [0, 0], bad, 0, 8) == 0
     assert choose_batch_k([0.1, 0.1], [0, 8], bad, 0, 8) == 1
+
+
+def test_a_seeded_estimate_starts_at_the_decoders_acceptance_and_yields_to_the_row():
+    assert AcceptanceEstimate.seeded(2 / 3).alpha == pytest.approx(AcceptanceEstimate().alpha)
+    seeded = AcceptanceEstimate.seeded(0.9)
+    assert seeded.alpha == pytest.approx(0.9)
+    # Where drafting pays at 0.9 and not at the fixed prior, the seeded row drafts at once.
+    costs = RelativeCosts(0.5, 0.2, 1.0)
+    assert best_k([AcceptanceEstimate().alpha], costs, 0, 8) == 0
+    assert best_k([seeded.alpha], costs, 0, 8) >= 2
+    # The seed weighs as little as the fixed prior: one step of a row that accepts
+    # nothing brings it below the fixed prior's 0.67.
+    seeded.update(0, 4)
+    assert seeded.alpha < 0.67

@@ -184,3 +184,24 @@ def test_the_time_between_steps_while_rows_decode_is_part_of_a_step(tiny_llama_p
     dec.add_request(GenerationRequest("b", prompt, 40, SamplingParams(), frozenset()))
     dec.step()
     assert gaps == [0.0]
+
+
+def test_a_joining_row_starts_from_the_acceptance_the_decoder_measured(tiny_llama_pair):
+    # A fixed 0.67 prior made adaptive k skip drafting for short requests of a pair
+    # that accepts far more: the row's own estimate came too late to matter.
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, compression_ratio=0.0)
+    first, second = prompts(2, TINY_VOCAB, seed=17)
+    dec.generate(first, 40, stop_token_ids=[])
+    measured = dec._compressed.monitor.acceptance.alpha
+    assert abs(measured - 2 / 3) > 0.05  # a measurement, not the prior
+    made = []
+    prior = dec._batch.acceptance_prior
+    dec._batch.acceptance_prior = lambda: made.append((est := prior(), est.alpha)) or est
+    dec.add_request(GenerationRequest("next", second, 8))
+    row = None
+    while row is None and dec.has_work():
+        dec.step()
+        row = next((r for r in dec._batch.rows if r.req.request_id == "next"), None)
+    assert row is not None and len(made) == 1 and row.est is made[0][0]
+    assert made[0][1] == pytest.approx(measured)

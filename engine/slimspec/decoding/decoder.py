@@ -28,7 +28,7 @@ from slimspec.cpu import target_form
 from slimspec.cpu.draft_quantization import AUTO, FUSED_LOW_BIT, quantize_draft, resolve_auto
 from slimspec.cpu.target_packing import maybe_pack_target
 from slimspec.decoding import grouped_forward
-from slimspec.decoding.adaptive import CostModel, choose_batch_k
+from slimspec.decoding.adaptive import AcceptanceEstimate, CostModel, choose_batch_k
 from slimspec.decoding.compression import CompressedHead, resolve_rerank
 from slimspec.decoding.drafting import Drafter, HeadDrafter, HeadInUse
 from slimspec.decoding.engine import DraftHeadInfo, Engine, eos_token_ids
@@ -283,6 +283,9 @@ class SpeculativeDecoder(Engine):
             prefill_chunk,
             self.fused_prefill,
         )
+        # joining rows start from the acceptance the decoder measured, not a fixed prior
+        monitor = self._compressed.monitor
+        self._batch.acceptance_prior = lambda: AcceptanceEstimate.seeded(monitor.acceptance.alpha)
 
         self._step_lock = threading.Lock()
         # When the last step ended with rows still decoding: the time until the next

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +129,8 @@ class RowBatch:
         prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.rows: list[Row] = []
+        # A joining row's acceptance estimate (the decoder seeds it with what it measured)
+        self.acceptance_prior: Callable[[], AcceptanceEstimate] = AcceptanceEstimate
         self.target_kv = BatchKV(device)
         self.draft_kv = BatchKV(device)
         self.results: dict[str, GenerationResult] = {}
@@ -462,7 +464,7 @@ class RowBatch:
             seed = req.sampling.seed
             if seed is None:
                 seed = int.from_bytes(os.urandom(8), "little")
-        row = Row(req, p, len(p), draft_seen=len(p) - 1, seed=seed)
+        row = Row(req, p, len(p), len(p) - 1, seed=seed, est=self.acceptance_prior())
         if req.logprobs is not None:
             row.logprobs = []
         row.stats.prefill_time_s = prefill_s
