@@ -418,6 +418,14 @@ import_only() {
   exec 9>"$NODE_LOCK"
   flock 9
   local dir
+  # With the lock held no other import runs, so a live import daemon is one a killed
+  # import left: it holds store 0's database, and the next one would wait on it forever.
+  for dir in /tmp/"$RUN_PREFIX"import-*/; do
+    [[ -d "$dir" ]] || continue
+    log "stopping the containerd of a killed image import: ${dir%/}"
+    stop_pidfile "$dir/containerd.pid"
+    rm -rf "$dir"
+  done
   dir="$(mktemp -d "/tmp/${RUN_PREFIX}import-XXXXXX")"
   write_configs "$dir" unused "$(bash "$HERE/images.sh" tags | sed -n 's/^PAUSE_IMAGE=//p')"
   local rc=0 images=""
