@@ -370,7 +370,7 @@ def paired_gain(
         ]  # fmt: skip
         tokens, seconds = sum(x[2] for x in recs), sum(x[1] for x in recs)
         parts.append({
-            "ratio": ratio, "requests": len(recs), "tokens": tokens,
+            "ratio": ratio, "requests": len(recs), "tokens": tokens, "seconds": round(seconds, 3),
             "s_per_token": round(seconds / tokens, 5) if tokens else None,
         })  # fmt: skip
 
@@ -378,7 +378,7 @@ def paired_gain(
         mine = [p for p in parts if (abs(p["ratio"] - start_ratio) < 1e-9) == at_start]
         means = [p["s_per_token"] for p in mine if p["s_per_token"]]
         tokens = sum(p["tokens"] for p in mine)
-        seconds = sum(p["s_per_token"] * p["tokens"] for p in mine if p["s_per_token"])
+        seconds = sum(p["seconds"] for p in mine)
         return seconds / tokens, means
 
     (a, a_means), (b, b_means) = pooled(True), pooled(False)
