@@ -44,7 +44,7 @@ import httpx
 import serving as serving_bench  # bench/serving.py: the in-process server
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.cpu import clib, gguf_kernels, target_form
+from slimspec.cpu import gguf_kernels, target_form
 from slimspec.server.app import ServerConfig
 from slimspec.server.scheduler import SchedulerConfig
 from slimspec.server.service import Limits, ModelRef
@@ -161,10 +161,7 @@ def serve_load(post: Any, prompts: list[str], clients: int) -> dict[str, float]:
     }
 
 
-def cpu_name() -> str:
-    flags = clib.cpu_flags()
-    extras = [f for f in ("avx512_vnni", "amx_int8", "avx2") if f in flags]
-    return f"{serving_bench.cpu_model()} ({', '.join(extras) or 'no AVX2'})"
+cpu_name = serving_bench.cpu_name  # kept: other benches read it from here
 
 
 def main(argv: list[str] | None = None) -> int:

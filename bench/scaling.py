@@ -34,7 +34,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-import serving as serving_bench  # bench/serving.py: cpu_model
+import serving as serving_bench  # bench/serving.py: cpu_name
 import yaml
 from slimspec_testbed.cluster.handle import KubeCluster
 from slimspec_testbed.models import small_real_model
@@ -199,7 +199,7 @@ def main() -> int:
             "request": "/infer, 4 new tokens, one keep-alive connection per client",
             "trickle_think_s": args.trickle_think,
             "node_timings_s": timings,
-            "cpu": serving_bench.cpu_model(),
+            "cpu": serving_bench.cpu_name(),
             "machine": f"{platform.machine()}, 2 CPUs shared by both nodes",
         },
     }

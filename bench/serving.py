@@ -352,6 +352,16 @@ def cpu_model() -> str:
     return platform.processor()
 
 
+def cpu_name() -> str:
+    """The CPU's model name with the flags that pick the engine's kernels (the model
+    name alone reads the same on Intel machines with and without AMX)."""
+    from slimspec.cpu import clib
+
+    flags = clib.cpu_flags()
+    extras = [f for f in ("avx512_vnni", "amx_int8", "avx2") if f in flags]
+    return f"{cpu_model()} ({', '.join(extras) or 'no AVX2'})"
+
+
 def plot(results: list[RunResult], ratio_effect: dict[str, Any], out: Path) -> None:
     import matplotlib
 

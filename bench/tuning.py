@@ -66,7 +66,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import serving as serving_bench  # bench/serving.py: cpu_model
+import serving as serving_bench  # bench/serving.py: cpu_name
 import workloads  # bench/workloads.py: the serving bench's short prompts
 from kubernetes import client
 from slimspec.draft_head.corpus import heldout_texts
@@ -607,7 +607,7 @@ def main() -> int:
                        "clients": c["clients"], "ratio_end": c["ratio_end"],
                        "fixed_mean_s": [f.get("mean_s") for f in c["fixed"]],
                        "tuned_mean_s": c["tuned"].get("mean_s"), "history": c["history"],
-                       "cpu": serving_bench.cpu_model(), "utc": when})  # fmt: skip
+                       "cpu": serving_bench.cpu_name(), "utc": when})  # fmt: skip
     data["figures"] = {**figures(data["configs"]), **ratio_prediction_errors(RESULTS)}
     if runs:
         data["figures"][runs_key] = runs
