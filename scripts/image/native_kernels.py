@@ -1,7 +1,7 @@
 """The engine image's native CPU kernels: compile them at build time, check them in
 the built image. Two sources: the fused drafts' kernels (draft_kernels, one build with
 AVX512-VNNI and one with AVX2) and the GGUF block kernels the target is served from
-(gguf_kernels: AVX512-VNNI, AVX-VNNI, AVX2 and portable builds), since the image may
+(gguf_kernels: AMX, AVX512-VNNI, AVX-VNNI, AVX2 and portable builds), since the image may
 run on any x86-64 CPU.
 
     python native_kernels.py build DIR   # build stage (has the C compiler)

@@ -75,7 +75,7 @@ def test_engine_kernels_compiled_at_build_time_load_without_a_compiler(
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["libraries"], report
     assert report["compilers_on_path"] == [], "the runtime stage must not carry a compiler"
-    # the GGUF kernels ship for every x86-64 CPU (AVX512-VNNI, AVX-VNNI, AVX2, portable): this
+    # the GGUF kernels ship for every x86-64 CPU (AMX, AVX512-VNNI, AVX-VNNI, AVX2, portable): this
     # CPU's build is there and passes its self-check
     assert report["gguf_for_this_cpu"] in report["gguf_libraries"], report
     assert report["gguf_self_check"] is True, report

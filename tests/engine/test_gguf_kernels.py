@@ -3,9 +3,9 @@
 Random blocks of every type with a kernel (Q4_K, Q6_K, Q8_0) are dequantised by the
 `gguf` package (the code llama.cpp's converter ships); the kernels' matmul must equal
 the float64 product of those weights with the int8-quantised activations (up to float32
-rounding), the builds (avx512-vnni, avx-vnni, avx2, portable) and the row and panel paths
-must agree bit for bit, and a row's output must not depend on how many rows come with it
-(what makes verification exact in bf16)."""
+rounding), the builds (amx, avx512-vnni, avx-vnni, avx2, portable) and the row, panel
+and tile paths must agree bit for bit, and a row's output must not depend on how many
+rows come with it (what makes verification exact in bf16)."""
 
 from __future__ import annotations
 
@@ -274,6 +274,9 @@ def test_each_cpu_gets_the_widest_gguf_build_it_can_run():
     zen2 = "flags\t\t: sse4_2 avx avx2 f16c fma\n"  # AMD Zen 1-3, Intel before Cascade Lake
     alder_lake = "flags\t\t: sse4_2 avx avx2 f16c fma avx_vnni\n"  # no AVX512
     assert gk.cflags(vnni) == gk.VNNI_CFLAGS
+    sapphire_rapids = vnni.replace("\n", " avx_vnni amx_bf16 amx_tile amx_int8\n")
+    assert gk.cflags(sapphire_rapids) == gk.AMX_CFLAGS
+    assert gk.cflags(sapphire_rapids.replace(" amx_int8", "")) == gk.VNNI_CFLAGS
     assert gk.cflags(vnni.replace("\n", " avx_vnni\n")) == gk.VNNI_CFLAGS
     assert gk.cflags(alder_lake) == gk.AVX_VNNI_CFLAGS
     assert gk.cflags(vnni.replace(" avx512_vnni", "")) == gk.AVX2_CFLAGS
@@ -282,7 +285,7 @@ def test_each_cpu_gets_the_widest_gguf_build_it_can_run():
     assert gk.cflags("") == gk.BASE_CFLAGS  # unknown CPU: the portable C
 
 
-@pytest.mark.parametrize("build", ["portable", "avx2", "avx-vnni"])
+@pytest.mark.parametrize("build", ["portable", "avx2", "avx-vnni", "avx512-vnni"])
 def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     """The portable C (software fp16 conversion, scalar quantisation and kernels) and the
     narrower SIMD builds this CPU runs, each built beside the loaded library:

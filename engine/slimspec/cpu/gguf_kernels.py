@@ -8,7 +8,8 @@ safetensors.
 
 The C source is compiled on first use (slimspec.cpu.clib): with AVX2/FMA (every x86-64
 CPU of the last decade), using VNNI's multiply-adds where the CPU has them
-(AVX512-VNNI or AVX-VNNI), else as portable C; `path()` names the build so the
+(AVX512-VNNI or AVX-VNNI) and AMX tiles for many rows where it has those (Intel since
+Sapphire Rapids), else as portable C; `path()` names the build so the
 engine's log says which one runs. Every output value is computed by the same sequence
 of operations whatever the number of rows and whichever build runs, so verifying k+1
 positions or a batch gives each position the logits it gets alone, on any of these
@@ -39,10 +40,13 @@ AVX2_CFLAGS = (*BASE_CFLAGS, "-mavx2", "-mfma", "-mf16c")
 AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
 VNNI_CFLAGS = (*AVX2_CFLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 VNNI_CPU_FLAGS = (*AVX2_CPU_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+AMX_CFLAGS = (*VNNI_CFLAGS, "-mamx-tile", "-mamx-int8")
+AMX_CPU_FLAGS = (*VNNI_CPU_FLAGS, "amx_tile", "amx_int8")
 AVX_VNNI_CFLAGS = (*AVX2_CFLAGS, "-mavxvnni")
 AVX_VNNI_CPU_FLAGS = (*AVX2_CPU_FLAGS, "avx_vnni")
 # (path name, flags, the CPU flags the build needs, simd_path()): the first the CPU has wins
 BUILDS = (
+    ("amx", AMX_CFLAGS, AMX_CPU_FLAGS, 5),
     ("avx512-vnni", VNNI_CFLAGS, VNNI_CPU_FLAGS, 4),
     ("avx-vnni", AVX_VNNI_CFLAGS, AVX_VNNI_CPU_FLAGS, 3),
     ("avx2", AVX2_CFLAGS, AVX2_CPU_FLAGS, 2),
@@ -161,11 +165,41 @@ def self_check(lib: ctypes.CDLL) -> bool:
         Q8_0, _ptr(blocks), 24, 256, 272, _ptr(q), _ptr(dx), _ptr(bsum), 3, _ptr(y), 24, 0
     )
     x_hat = (q.float().reshape(3, 8, 32) * dx[..., None]).reshape(3, 256)
-    return rc == 0 and bool(torch.allclose(y, x_hat @ w.T, rtol=1e-4, atol=1e-3))
+    ok = rc == 0 and bool(torch.allclose(y, x_hat @ w.T, rtol=1e-4, atol=1e-3))
+    return ok and _k_quants_match_the_portable_path(lib)
+
+
+def _k_quants_match_the_portable_path(lib: ctypes.CDLL) -> bool:
+    """Q4_K and Q6_K at 17 activation rows (the panels, or AMX tiles where the build has
+    them) give the bits of the same library's portable path: random blocks with small
+    fp16 scales, one weight group and a partial one."""
+    rng = np.random.default_rng(0)
+    k, n, m = 512, 20, 17
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * 3)
+    q = torch.empty(m, k, dtype=torch.int8)
+    dx = torch.empty(m, k // 256, dtype=torch.float32)
+    bsum = torch.empty(m, k // 16, dtype=torch.int16)
+    if lib.quantize_rows_q8(_ptr(x), m, k, k, 256, _ptr(q), _ptr(dx), _ptr(bsum)):
+        return False
+    for ggml_type, scale_at in ((Q4_K, (0, 4)), (Q6_K, (208, 210))):
+        bb = BLOCK_BYTES[ggml_type]
+        raw = rng.integers(0, 256, size=(n, k // 256, bb), dtype=np.uint8)
+        halves = (np.abs(rng.standard_normal((n, k // 256, (scale_at[1] - scale_at[0]) // 2)))
+                  * 0.01).astype(np.float16)  # fmt: skip
+        raw[:, :, scale_at[0] : scale_at[1]] = halves.view(np.uint8).reshape(n, k // 256, -1)
+        blocks = torch.from_numpy(raw.reshape(n, -1))
+        ys = [torch.empty(m, n, dtype=torch.float32) for _ in range(2)]
+        for y, scalar in zip(ys, (0, 1), strict=True):
+            args = (_ptr(q), _ptr(dx), _ptr(bsum), m, _ptr(y), n, scalar)
+            if lib.gguf_matmul(ggml_type, _ptr(blocks), n, k, blocks.shape[1], *args):
+                return False
+        if not torch.equal(ys[0], ys[1]):
+            return False
+    return True
 
 
 def path() -> str:
-    """Which build the loaded library is: 'avx512-vnni', 'avx-vnni', 'avx2', 'portable',
+    """Which build the loaded library is: 'amx', 'avx512-vnni', 'avx-vnni', 'avx2', 'portable',
     or 'unavailable'."""
     lib = load()
     if lib is None:

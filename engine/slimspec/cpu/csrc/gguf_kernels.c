@@ -23,7 +23,9 @@
 // Lake, AMD Zen 4; AVX-VNNI: Intel client CPUs since Alder Lake), one vpdpwssd or
 // vpdpbusd for a multiply-add pair (DPWSSD256 below); portable C elsewhere. 512-bit
 // registers measured no faster than these (the integer multiplies are the bound, and
-// 512-bit work takes a vector port away on Intel), so there is no zmm code.
+// 512-bit work takes a vector port away on Intel), so there is no zmm code outside the
+// AMX build: the VNNI build plus int8 tiles for Q4_K and Q6_K from AMX_MIN_M rows
+// (Intel since Sapphire Rapids; "AMX tiles" below), the same bits again.
 //
 // Layouts (ggml's, as the GGUF file stores them; one weight row is K/QK values' blocks):
 //   Q4_K (256 values, 144 B): fp16 d, fp16 dmin, 12 B packed 6-bit scales/mins, 128 B
@@ -792,7 +794,13 @@ static void panel_tokens(int type, const void *p, int64_t nb, int T, const int8_
 }
 #endif
 
+#if defined(__AMX_INT8__) && defined(__AVX512F__)
+static int amx_usable(void);
+#endif
 int simd_path(void) {
+#if defined(__AMX_INT8__) && defined(__AVX512F__)
+    if (amx_usable()) return 5;  // AMX_PATH; else this build runs as the VNNI one
+#endif
 #if defined(__AVX2__)
     return SIMD_PATH_AVX2;
 #else
@@ -883,11 +891,339 @@ static int rows_by_panels(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t
 }
 #endif
 
+#if defined(__AMX_INT8__) && defined(__AVX512F__)
+// ---------------------------------------------------------------- AMX tiles (Q4_K)
+// Intel CPUs since Sapphire Rapids multiply int8 tiles: one tdpbusd is a 16 x 16
+// block of 32-value dots (u8 x s8 -> int32). Q4_K's nibbles are u8, so 16 weight rows'
+// sub-block (16 x 32 bytes, as unpacked) is tile A and 16 activation rows' same 32
+// values, in groups of 4 (8 x 64 bytes), tile B; the 16 x 16 exact sub-block dots are
+// stored and each weight row's are scaled with its sub-block scale (vpmulld), so S and
+// Mn, and then the float steps, are the integers and the order of the panels above, with
+// the activation rows in the lanes instead of the weight rows: the same bits. A tile
+// covers one sub-block (32 values), not 64, because the scales change every 32 values.
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_PATH 5
+enum { AMX_ROWS = 16 };
+#ifndef AMX_MIN_M  // from this many activation rows the tiles take over (-D for measuring)
+#define AMX_MIN_M 10
+#endif
+
+// Linux hands a thread the 8 KB tile state only once the process has asked for it.
+static int amx_state = -1;  // -1: not asked yet, 0: refused, 1: granted
+static int amx_usable(void) {
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (s < 0) {
+        // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA (asking twice is harmless)
+        s = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+        __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
+    }
+    return s;
+}
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+// Tiles 0 and 3: C (16 weight rows x 16 activation rows, int32); 1 and 4: A (16 weight
+// rows x one sub-block's `width` values: 32 for Q4_K, 16 for Q6_K); 2 and 5: B (the
+// same values of 16 activation rows in groups of 4). Two sets, so one sub-block's
+// store overlaps the next one's multiply.
+static void amx_configure(int width) {
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette_id = 1;
+    for (int set = 0; set < 2; set++) {
+        c.rows[3 * set] = 16, c.colsb[3 * set] = 64;
+        c.rows[3 * set + 1] = 16, c.colsb[3 * set + 1] = (uint16_t)width;
+        c.rows[3 * set + 2] = (uint8_t)(width / 4), c.colsb[3 * set + 2] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+typedef struct {
+    uint8_t w[8][AMX_ROWS][32];  // [sub-block][weight row][value]: 0..15
+    int32_t sc[AMX_ROWS][8];     // [weight row][sub-block] scale
+    int32_t mn[AMX_ROWS][4];     // ... mins of sub-blocks 2p and 2p + 1 (int16 pair)
+    float d[AMX_ROWS], dmin[AMX_ROWS];
+} q4k_tile_block;
+
+// Weight rows w[0..nr-1] (nr <= 16; the rest zero) -> nb tile blocks.
+static void q4k_pack_tiles(const uint8_t *w, int64_t row_bytes, int nr, int64_t nb,
+                           q4k_tile_block *p) {
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    for (int64_t b = 0; b < nb; b++) {
+        q4k_tile_block *pb = p + b;
+        for (int r = 0; r < AMX_ROWS; r++) {
+            if (r >= nr) {
+                for (int sb = 0; sb < 8; sb++) {
+                    _mm256_store_si256((__m256i *)pb->w[sb][r], _mm256_setzero_si256());
+                    pb->sc[r][sb] = pb->mn[r][sb / 2] = 0;
+                }
+                pb->d[r] = pb->dmin[r] = 0.0f;
+                continue;
+            }
+            const block_q4_K *x = (const block_q4_K *)(w + r * row_bytes) + b;
+            for (int c = 0; c < 4; c++) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+                _mm256_store_si256((__m256i *)pb->w[2 * c][r], _mm256_and_si256(bits, low4));
+                _mm256_store_si256((__m256i *)pb->w[2 * c + 1][r],
+                                   _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4));
+            }
+            uint8_t sc[8], mn[8];
+            q4k_scales(x->scales, sc, mn);
+            for (int sb = 0; sb < 8; sb++) pb->sc[r][sb] = sc[sb];
+            for (int pr = 0; pr < 4; pr++)
+                pb->mn[r][pr] = (int32_t)((uint32_t)mn[2 * pr + 1] << 16 | mn[2 * pr]);
+            pb->d[r] = half_to_float(x->d);
+            pb->dmin[r] = half_to_float(x->dmin);
+        }
+    }
+}
+
+// 16 activation rows (T <= 16 real, the rest zero) of every Q4_K block, as tile B and
+// the lane vectors the float steps read.
+typedef struct {
+    int8_t x[8][8][AMX_ROWS][4];  // [sub-block][group][activation row][4 values]
+    int32_t bs[4][AMX_ROWS];      // [pair][row]: the sums of sub-blocks 2p, 2p + 1 (int16s)
+    int32_t pad[4][AMX_ROWS];     // (a multiple of 64 bytes)
+    float dx[AMX_ROWS];
+} q4k_tile_acts;
+
+static void q4k_pack_acts(const int8_t *q, int64_t K, const float *dx, const int16_t *bsum,
+                          int T, int64_t nb, q4k_tile_acts *a) {
+    const int64_t ndx = K / QK_K, nbs = K / 16;
+    memset(a, 0, (size_t)nb * sizeof *a);
+    for (int64_t b = 0; b < nb; b++)
+        for (int t = 0; t < T; t++) {
+            const int8_t *x = q + t * K + b * QK_K;
+            const int16_t *bs = bsum + t * nbs + b * 16;
+            for (int sb = 0; sb < 8; sb++)
+                for (int g = 0; g < 8; g++) memcpy(a[b].x[sb][g][t], x + 32 * sb + 4 * g, 4);
+            // a sub-block's sum (|.| <= 32 x 127) fits an int16: Mn = sum over the pairs
+            // of min x sum, the same integer as the panels' four 16-value terms
+            for (int pr = 0; pr < 4; pr++)
+                a[b].bs[pr][t] = (int32_t)((uint32_t)(uint16_t)(bs[4 * pr + 2] + bs[4 * pr + 3]) << 16 |
+                                           (uint16_t)(bs[4 * pr] + bs[4 * pr + 1]));
+            a[b].dx[t] = dx[t * ndx + b];
+        }
+}
+
+// One sub-block's 16 x 16 dots into dots[sb] (the tile numbers must be literals: they
+// are pasted into the instructions).
+#define SUB_BLOCK_TILE(tc, ta, tb, sb, width)      \
+    do {                                           \
+        _tile_zero(tc);                            \
+        _tile_loadd(ta, pb->w[sb], width);         \
+        _tile_loadd(tb, xb->x[sb], 64);            \
+        _tile_dpbusd(tc, ta, tb);                  \
+        _tile_stored(tc, dots[sb], 64);            \
+    } while (0)
+
+// acc[r][t] for 16 weight rows of tile blocks against 16 packed activation rows.
+static void q4k_tiles(const q4k_tile_block *p, const q4k_tile_acts *a, int64_t nb, int nr,
+                      float (*acc)[AMX_ROWS]) {
+    int32_t dots[8][AMX_ROWS][AMX_ROWS] __attribute__((aligned(64)));
+    for (int r = 0; r < AMX_ROWS; r++) _mm512_store_ps(acc[r], _mm512_setzero_ps());
+    for (int64_t b = 0; b < nb; b++) {
+        const q4k_tile_block *pb = p + b;
+        const q4k_tile_acts *xb = a + b;
+        for (int sb = 0; sb < 8; sb += 2) {
+            SUB_BLOCK_TILE(0, 1, 2, sb, 32);
+            SUB_BLOCK_TILE(3, 4, 5, sb + 1, 32);
+        }
+        const __m512 xs = _mm512_load_ps(xb->dx);
+        for (int r = 0; r < nr; r++) {
+            __m512i s = _mm512_setzero_si512(), m = _mm512_setzero_si512();
+            for (int sb = 0; sb < 8; sb++) {
+                const __m512i dot = _mm512_load_si512(dots[sb][r]);
+                s = _mm512_add_epi32(s, _mm512_mullo_epi32(dot, _mm512_set1_epi32(pb->sc[r][sb])));
+            }
+            for (int pr = 0; pr < 4; pr++)
+                m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32(pb->mn[r][pr]),
+                                        _mm512_load_si512(xb->bs[pr]));
+            __m512 ac = _mm512_load_ps(acc[r]);
+            ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(xs, _mm512_set1_ps(pb->d[r])), ac);
+            ac = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m),
+                                  _mm512_mul_ps(xs, _mm512_set1_ps(pb->dmin[r])), ac);
+            _mm512_store_ps(acc[r], ac);
+        }
+    }
+}
+
+// Q6_K: 16 sub-blocks of 16 values (0..63, u8), int8 scales; S = sum of scale x dot -
+// 32 x sum of scale x (the sub-block's activation sum), as the panels.
+typedef struct {
+    uint8_t w[16][AMX_ROWS][16];  // [sub-block][weight row][value]: 0..63
+    int32_t sc[AMX_ROWS][16];     // [weight row][sub-block] scale
+    int32_t sc2[AMX_ROWS][8];     // ... scales of sub-blocks 2p and 2p + 1 (int16 pair)
+    float d[AMX_ROWS];
+} q6k_tile_block;
+
+static void q6k_pack_tiles(const uint8_t *w, int64_t row_bytes, int nr, int64_t nb,
+                           q6k_tile_block *p) {
+    const __m256i low4 = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; b++) {
+        q6k_tile_block *pb = p + b;
+        for (int r = 0; r < AMX_ROWS; r++) {
+            if (r >= nr) {
+                for (int sb = 0; sb < 16; sb++) {
+                    _mm_store_si128((__m128i *)pb->w[sb][r], _mm_setzero_si128());
+                    pb->sc[r][sb] = pb->sc2[r][sb / 2] = 0;
+                }
+                pb->d[r] = 0.0f;
+                continue;
+            }
+            const block_q6_K *x = (const block_q6_K *)(w + r * row_bytes) + b;
+            for (int h = 0; h < 2; h++) {
+                const __m256i a = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+                const __m256i bb = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+                __m256i v[4];  // 32-value chunks 4h..4h+3 (sub-blocks 8h + 2j, 8h + 2j + 1)
+                v[0] = _mm256_or_si256(_mm256_and_si256(a, low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
+                v[1] = _mm256_or_si256(
+                    _mm256_and_si256(bb, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
+                v[2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
+                v[3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(bb, 4), low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+                for (int j = 0; j < 4; j++) {
+                    _mm_store_si128((__m128i *)pb->w[8 * h + 2 * j][r], _mm256_castsi256_si128(v[j]));
+                    _mm_store_si128((__m128i *)pb->w[8 * h + 2 * j + 1][r],
+                                    _mm256_extracti128_si256(v[j], 1));
+                }
+            }
+            for (int sb = 0; sb < 16; sb++) pb->sc[r][sb] = x->scales[sb];
+            for (int pr = 0; pr < 8; pr++)
+                pb->sc2[r][pr] = (int32_t)((uint32_t)(uint16_t)(int16_t)x->scales[2 * pr + 1] << 16 |
+                                           (uint16_t)(int16_t)x->scales[2 * pr]);
+            pb->d[r] = half_to_float(x->d);
+        }
+    }
+}
+
+typedef struct {
+    int8_t x[16][4][AMX_ROWS][4];  // [sub-block][group][activation row][4 values]
+    int32_t bs[8][AMX_ROWS];       // [pair][row]: the 16-value sums 2p, 2p + 1 (int16s)
+    float dx[AMX_ROWS];
+} q6k_tile_acts;
+
+static void q6k_pack_acts(const int8_t *q, int64_t K, const float *dx, const int16_t *bsum,
+                          int T, int64_t nb, q6k_tile_acts *a) {
+    const int64_t ndx = K / QK_K, nbs = K / 16;
+    memset(a, 0, (size_t)nb * sizeof *a);
+    for (int64_t b = 0; b < nb; b++)
+        for (int t = 0; t < T; t++) {
+            const int8_t *x = q + t * K + b * QK_K;
+            for (int sb = 0; sb < 16; sb++)
+                for (int g = 0; g < 4; g++) memcpy(a[b].x[sb][g][t], x + 16 * sb + 4 * g, 4);
+            for (int pr = 0; pr < 8; pr++) a[b].bs[pr][t] = load_i32(bsum + t * nbs + b * 16 + 2 * pr);
+            a[b].dx[t] = dx[t * ndx + b];
+        }
+}
+
+static void q6k_tiles(const q6k_tile_block *p, const q6k_tile_acts *a, int64_t nb, int nr,
+                      float (*acc)[AMX_ROWS]) {
+    int32_t dots[16][AMX_ROWS][AMX_ROWS] __attribute__((aligned(64)));
+    for (int r = 0; r < AMX_ROWS; r++) _mm512_store_ps(acc[r], _mm512_setzero_ps());
+    for (int64_t b = 0; b < nb; b++) {
+        const q6k_tile_block *pb = p + b;
+        const q6k_tile_acts *xb = a + b;
+        for (int sb = 0; sb < 16; sb += 2) {
+            SUB_BLOCK_TILE(0, 1, 2, sb, 16);
+            SUB_BLOCK_TILE(3, 4, 5, sb + 1, 16);
+        }
+        const __m512 xs = _mm512_load_ps(xb->dx);
+        for (int r = 0; r < nr; r++) {
+            __m512i s = _mm512_setzero_si512(), o = _mm512_setzero_si512();
+            for (int sb = 0; sb < 16; sb++) {
+                const __m512i dot = _mm512_load_si512(dots[sb][r]);
+                s = _mm512_add_epi32(s, _mm512_mullo_epi32(dot, _mm512_set1_epi32(pb->sc[r][sb])));
+            }
+            for (int pr = 0; pr < 8; pr++)
+                o = _mm512_dpwssd_epi32(o, _mm512_set1_epi32(pb->sc2[r][pr]),
+                                        _mm512_load_si512(xb->bs[pr]));
+            const __m512i st = _mm512_sub_epi32(s, _mm512_slli_epi32(o, 5));
+            __m512 ac = _mm512_load_ps(acc[r]);
+            ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(xs, _mm512_set1_ps(pb->d[r])), ac);
+            _mm512_store_ps(acc[r], ac);
+        }
+    }
+}
+#undef SUB_BLOCK_TILE
+
+// weight_rows for Q4_K and Q6_K by AMX tiles: 16 weight rows at a time, all M
+// activation rows in chunks of 16 (packed once per call). Returns 0 without memory (the
+// caller goes on).
+static int rows_by_tiles(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K, int64_t M,
+                         const int8_t *q, const float *dx, const int16_t *bsum, void *y,
+                         int64_t ldy, int y_bf16) {
+    const int64_t nb = K / QK_K, nbs = K / 16, chunks = (M + AMX_ROWS - 1) / AMX_ROWS;
+    const int q4 = wt->type == TYPE_Q4_K;
+    const size_t wsize = q4 ? sizeof(q4k_tile_block) : sizeof(q6k_tile_block);
+    const size_t asize = q4 ? sizeof(q4k_tile_acts) : sizeof(q6k_tile_acts);
+    void *p = aligned_alloc(64, (size_t)nb * wsize);
+    void *a = aligned_alloc(64, (size_t)(chunks * nb) * asize);
+    if (!p || !a) {
+        free(p);
+        free(a);
+        return 0;
+    }
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t m = c * AMX_ROWS;
+        const int T = (int)(M - m < AMX_ROWS ? M - m : AMX_ROWS);
+        void *ac = (char *)a + (size_t)(c * nb) * asize;
+        if (q4)
+            q4k_pack_acts(q + m * K, K, dx + m * nb, bsum + m * nbs, T, nb, ac);
+        else
+            q6k_pack_acts(q + m * K, K, dx + m * nb, bsum + m * nbs, T, nb, ac);
+    }
+    amx_configure(q4 ? 32 : 16);
+    float acc[AMX_ROWS][AMX_ROWS] __attribute__((aligned(64)));
+    for (int64_t n = n0; n < n1; n += AMX_ROWS) {
+        const int nr = (int)(n1 - n < AMX_ROWS ? n1 - n : AMX_ROWS);
+        if (q4)
+            q4k_pack_tiles(wt->w + n * wt->row_bytes, wt->row_bytes, nr, nb, p);
+        else
+            q6k_pack_tiles(wt->w + n * wt->row_bytes, wt->row_bytes, nr, nb, p);
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t m = c * AMX_ROWS;
+            const int T = (int)(M - m < AMX_ROWS ? M - m : AMX_ROWS);
+            const void *ac = (const char *)a + (size_t)(c * nb) * asize;
+            if (q4)
+                q4k_tiles(p, ac, nb, nr, acc);
+            else
+                q6k_tiles(p, ac, nb, nr, acc);
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < nr; r++)
+                    put_output(y, y_bf16, (m + t) * ldy + n + r, acc[r][t],
+                               wt->bias ? wt->bias + n + r : NULL);
+        }
+    }
+    _tile_release();
+    free(p);
+    free(a);
+    return 1;
+}
+#endif
+
 // Weight rows n0..n1-1 of `wt` against all M activation rows: y[m * ldy + n] as float32
 // (y_bf16 == 0) or rounded to bfloat16.
 static void weight_rows(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K, int64_t M,
                         const int8_t *q, const float *dx, const int16_t *bsum, void *y,
                         int64_t ldy, int y_bf16, int scalar) {
+#if defined(AMX_PATH)
+    if (!scalar && (wt->type == TYPE_Q4_K || wt->type == TYPE_Q6_K) && M >= AMX_MIN_M &&
+        amx_usable() &&
+        rows_by_tiles(wt, n0, n1, K, M, q, dx, bsum, y, ldy, y_bf16))
+        return;
+#endif
 #if defined(__AVX2__)
     if (!scalar && (wt->type == TYPE_Q4_K || wt->type == TYPE_Q6_K) && M >= PANEL_MIN_M &&
         rows_by_panels(wt, n0, n1, K, M, q, dx, bsum, y, ldy, y_bf16))
