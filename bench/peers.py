@@ -161,9 +161,6 @@ def serve_load(post: Any, prompts: list[str], clients: int) -> dict[str, float]:
     }
 
 
-cpu_name = serving_bench.cpu_name  # kept: other benches read it from here
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -187,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     target_gguf, draft_gguf = target_form.find_gguf(target_dir), target_form.find_gguf(draft_dir)
     assert target_gguf is not None and draft_gguf is not None, "the fetch keeps the GGUFs"
     binary = llamacpp_bin()
-    print(f"llama.cpp: {binary}; CPU: {cpu_name()}", flush=True)
+    print(f"llama.cpp: {binary}; CPU: {serving_bench.cpu_name()}", flush=True)
 
     tok = load_causal_lm(target_dir, dtype="bfloat16")[1]
     domains = {"code": decode_bench.code_prompts(tok, args.prompts, args.prompt_tokens)}
@@ -275,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     result: dict[str, Any] = {
         "machine": {
-            "cpu": cpu_name(),
+            "cpu": serving_bench.cpu_name(),
             "threads": args.threads,
             "python": platform.python_version(),
             "gguf_kernel_path": gguf_kernels.path(),

@@ -44,7 +44,7 @@ from typing import Any
 # Run as a script, this folder is first on the module path: the sibling benches' parts.
 import decode as decode_bench  # bench/decode.py: the code corpus
 import httpx
-import peers as peers_bench  # bench/peers.py: llama-server, the CPU's name
+import peers as peers_bench  # bench/peers.py: llama-server
 import serving as serving_bench  # bench/serving.py: the in-process server
 import torch
 from slimspec import SpeculativeDecoder
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         target=pair.target, draft=pair.draft, prefix_cache_mb=DEFAULT_MB
     )
     tok = dec.tokenizer
-    print(f"CPU: {peers_bench.cpu_name()}; target {dec.target_form.describe()}", flush=True)
+    print(f"CPU: {serving_bench.cpu_name()}; target {dec.target_form.describe()}", flush=True)
     dec.warmup()
 
     code = [t for ids in decode_bench.code_prompts(tok, 12, 4000) for t in ids]
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "pair": pair.name,
         "machine": {
-            "cpu": peers_bench.cpu_name(),
+            "cpu": serving_bench.cpu_name(),
             "threads": args.threads,
             "python": platform.python_version(),
             "target_form": dec.target_form.describe(),

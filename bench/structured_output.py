@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 # Run as a script, this folder is first on the module path: the sibling benches' parts.
-import peers as peers_bench  # bench/peers.py: the CPU's name
+import serving as serving_bench  # bench/serving.py: the CPU's name
 import torch
 from slimspec import SpeculativeDecoder
 from slimspec.decoding import grammar as grammar_mod
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     pair = DEFAULT_PAIR
     dec = SpeculativeDecoder.from_pretrained(target=pair.target, draft=pair.draft)
     tok = dec.tokenizer
-    print(f"CPU: {peers_bench.cpu_name()}; target {dec.target_form.describe()}", flush=True)
+    print(f"CPU: {serving_bench.cpu_name()}; target {dec.target_form.describe()}", flush=True)
     dec.warmup()
     base = TargetOnlyEngine(dec.target, tok, target_form=dec.target_form)
     prompts = [
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             summary[f"slimspec_{mode}_tokens_per_s"] / summary[f"target_only_{mode}_tokens_per_s"]
         )
     out = {
-        "cpu": peers_bench.cpu_name(),
+        "cpu": serving_bench.cpu_name(),
         "threads": torch.get_num_threads(),
         "target_form": dec.target_form.describe(),
         "new_tokens": n_new,
