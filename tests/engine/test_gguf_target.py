@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.cpu import gguf_kernels, target_form
+from slimspec.cpu import gguf_kernels, lean_layers, target_form
 from slimspec.decoding.types import GenerationRequest, SamplingParams
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from tests.engine.helpers import target_only
 from tests.support.tiny_gguf import write_tiny_gguf_model
@@ -80,6 +80,38 @@ def test_a_positions_logits_do_not_depend_on_the_rows_beside_it(served):
             assert torch.equal(model(ids[:, :-cut]).logits, full[:, :-cut])
         batch = model(torch.tensor([PROMPTS[2], PROMPTS[2][::-1]])).logits
     assert torch.equal(batch[:1], full)
+
+
+def test_the_lean_layers_compute_what_the_modules_compute(served):
+    """lean_layers.py drops the modules' dispatch, not their arithmetic: a prefill and a
+    3-token step on its cache give the modules' logits bit for bit, and the modules
+    inside a layer (its norms here) are not called on the lean path."""
+    model, _ = served
+    layers = model.model.layers
+    norm_calls = []
+    hooks = [
+        layer.input_layernorm.register_forward_hook(lambda *_: norm_calls.append(1))
+        for layer in layers
+    ]
+
+    def prefill_and_step() -> tuple[torch.Tensor, torch.Tensor]:
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            first = model(torch.tensor([PROMPTS[2]]), cache=cache, use_cache=True).logits
+            step = model(torch.tensor([[7, 8, 9]]), cache=cache, use_cache=True).logits
+        return first, step
+
+    try:
+        lean = prefill_and_step()
+        assert not norm_calls  # the lean path ran
+        assert lean_layers.undo(model) == len(layers)
+        modules = prefill_and_step()
+        assert len(norm_calls) == 2 * len(layers)
+    finally:
+        lean_layers.use_for(model)
+        for hook in hooks:
+            hook.remove()
+    assert torch.equal(lean[0], modules[0]) and torch.equal(lean[1], modules[1])
 
 
 def requests(sampling: list[SamplingParams], n: int = 20) -> list[GenerationRequest]:

@@ -415,6 +415,11 @@ def _linear(
     return [y.view(*lead, n) for y, n in zip(outs, sizes, strict=True)]
 
 
+def native_input(x: torch.Tensor) -> bool:
+    """Whether the native kernels take x as it is (float32 or bfloat16 on the CPU)."""
+    return x.dtype in _NATIVE_DTYPES and x.device.type == "cpu"
+
+
 class LinearGroup:
     """GGUFLinear layers that read the same input (q/k/v; gate/up): the first one called
     computes every member's output in one native call (one activation quantisation, one
@@ -435,6 +440,11 @@ class LinearGroup:
         self._pending = threading.local()
         for i, member in enumerate(members):
             member.group = (self, i)
+
+    def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every member's output for x (native_input(x)) from one native call."""
+        first = self.members[0]
+        return _linear(x, first.in_features, first.ggml_type, self.weights, self.sizes, False)
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         # Inference-mode tensors keep no version counter; the members are called one
@@ -498,13 +508,15 @@ class GGUFLinear(nn.Module):
         self._sizes = (n,)
         self.group: tuple[LinearGroup, int] | None = None  # set by LinearGroup
 
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        """This layer's output for x (native_input(x)) from the native kernels."""
+        return _linear(x, self.in_features, self.ggml_type, self._weight_ref, self._sizes, False)[0]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype in _NATIVE_DTYPES and x.device.type == "cpu":
+        if native_input(x):
             if self.group is not None:
                 return self.group[0].output(self.group[1], x)
-            return _linear(
-                x, self.in_features, self.ggml_type, self._weight_ref, self._sizes, False
-            )[0]
+            return self.native(x)
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         block = ACTIVATION_BLOCK[self.ggml_type]

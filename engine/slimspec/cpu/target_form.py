@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from slimspec.cpu import gguf_kernels, rowwise_attention
+from slimspec.cpu import gguf_kernels, lean_layers, rowwise_attention
 
 log = logging.getLogger(__name__)
 
@@ -126,15 +126,13 @@ def _apply(model: Any, setting: str, model_dir: Path | None) -> TargetForm:
         else:
             try:
                 form = _serve_gguf(model, gguf_path)
-                group_projections(model)
-                rowwise_attention.use_for(model)
+                _lean_forward(model)
                 return form
             except UnsupportedGGUF as exc:
                 reasons.append(str(exc))
     if setting == INT8 and not reasons:
         form = _serve_int8(model)
-        group_projections(model)
-        rowwise_attention.use_for(model)
+        _lean_forward(model)
         return form
     if setting in (GGUF, INT8):
         raise ValueError(f"target_quantization={setting} cannot be served: {'; '.join(reasons)}")
@@ -143,6 +141,14 @@ def _apply(model: Any, setting: str, model_dir: Path | None) -> TargetForm:
         detail += f"; not its GGUF: {'; '.join(reasons)}"
         log.warning("target served dense although %s is there: %s", gguf_path, "; ".join(reasons))
     return TargetForm(NONE, detail, _dense_bytes(model))
+
+
+def _lean_forward(model: Any) -> None:
+    """The forward of a target whose projections are block layers: grouped projections,
+    row-by-row attention, and decoder layers without the modules' dispatch."""
+    group_projections(model)
+    rowwise_attention.use_for(model)
+    lean_layers.use_for(model)
 
 
 # Projections that read the same input, by attribute name (Qwen2, Llama and kin).

@@ -1,0 +1,162 @@
+"""The decoder layers of a target served from blocks (target_form.py), run without the
+framework's per-module dispatch.
+
+Why: on 2 cores the 1.5B Qwen2 target's one-row forward spent ~17 of ~63 ms outside
+the native kernels, much of it in dispatch: a layer calls 12 modules (norms, attention,
+MLP, five projections, the activation), each through nn.Module's call machinery, the
+keyword-deprecation wrappers and the projection groups' bookkeeping. `LeanLayer` runs
+the layer's tensor operations in the same order with the same functions (the norm
+class's own forward, the model file's RoPE, the attention implementation the config
+names, the cache's update, one native call per projection group), so every value is
+bit for bit what the modules give (tests compare); only the dispatch around them goes.
+The decoder layer itself stays a module (hooks that record hidden states still fire).
+
+Layers of any other shape, calls the lean path does not cover (training, attention
+weights asked for, activations the kernels do not take) run the original forward.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from slimspec.cpu import gguf_kernels
+from slimspec.cpu.gguf_kernels import GGUFLinear, LinearGroup
+
+# The layer families whose forward LeanLayer reproduces (transformers' Qwen2 and Llama:
+# pre-norm attention with RoPE, then a gated MLP, each added to the residual).
+LAYERS = {"Qwen2DecoderLayer", "LlamaDecoderLayer"}
+NORMS = {"Qwen2RMSNorm", "LlamaRMSNorm"}
+
+
+def _group_of(members: list[Any]) -> LinearGroup | None:
+    """The LinearGroup that holds exactly these projections, in this order, or None."""
+    if not all(isinstance(m, GGUFLinear) and m.group is not None for m in members):
+        return None
+    group = members[0].group[0]
+    return group if group.members == members else None
+
+
+class LeanLayer:
+    """A decoder layer's forward as its modules compute it, minus their dispatch."""
+
+    def __init__(self, layer: Any) -> None:  # a decoder layer that fits()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.layer: Any = layer
+        self.attn: Any = attn
+        self.original = layer.forward  # the class's forward, bound to the layer
+        self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
+        self.norm = type(self.norm_in).forward
+        qkv = _group_of([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up = _group_of([mlp.gate_proj, mlp.up_proj])
+        assert qkv is not None and gate_up is not None, "checked by fits()"
+        self.qkv, self.gate_up = qkv, gate_up
+        self.o: GGUFLinear = attn.o_proj
+        self.down: GGUFLinear = mlp.down_proj
+        self.act = mlp.act_fn
+        family = sys.modules[type(attn).__module__]
+        self.rope = family.apply_rotary_pos_emb
+        self.eager = family.eager_attention_forward
+        # Qwen2's attention passes its sliding window (None on full-attention layers)
+        self.extra = (
+            {"sliding_window": attn.sliding_window} if hasattr(attn, "sliding_window") else {}
+        )
+
+    @staticmethod
+    def fits(layer: nn.Module) -> bool:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        norms = (
+            getattr(layer, "input_layernorm", None),
+            getattr(layer, "post_attention_layernorm", None),
+        )
+        return (
+            type(layer).__name__ in LAYERS
+            and attn is not None
+            and mlp is not None
+            and all(type(n).__name__ in NORMS for n in norms)
+            and type(norms[0]) is type(norms[1])
+            and _group_of([attn.q_proj, attn.k_proj, attn.v_proj]) is not None
+            and _group_of([mlp.gate_proj, mlp.up_proj]) is not None
+            and isinstance(attn.o_proj, GGUFLinear)
+            and isinstance(mlp.down_proj, GGUFLinear)
+            and hasattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb")
+            and hasattr(sys.modules[type(attn).__module__], "eager_attention_forward")
+        )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool | None = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        attn = self.attn
+        if (
+            position_embeddings is None
+            or "past_key_values" in kwargs
+            or kwargs.get("output_attentions")
+            or attn.training
+            or not gguf_kernels.native_input(hidden_states)
+        ):
+            return self.original(
+                hidden_states,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=use_cache,
+                position_embeddings=position_embeddings,
+                **kwargs,
+            )
+        # what the layer hands its attention module beyond the named arguments
+        kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}
+        residual = hidden_states
+        x = self.norm(self.norm_in, hidden_states)
+        input_shape = x.shape[:-1]
+        hidden_shape = (*input_shape, -1, attn.head_dim)
+        q, k, v = (y.view(hidden_shape).transpose(1, 2) for y in self.qkv.outputs(x))
+        cos, sin = position_embeddings
+        q, k = self.rope(q, k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            attn.config._attn_implementation, self.eager
+        )
+        out, _ = interface(
+            attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **self.extra, **kwargs
+        )
+        out = out.reshape(*input_shape, -1).contiguous()
+        hidden_states = residual + self.o.native(out)
+        residual = hidden_states
+        x = self.norm(self.norm_post, hidden_states)
+        gate, up = self.gate_up.outputs(x)
+        return residual + self.down.native(self.act(gate) * up)
+
+
+def use_for(model: nn.Module) -> int:
+    """Give every decoder layer that fits a lean forward; returns how many got one."""
+    count = 0
+    for module in model.modules():
+        if LeanLayer.fits(module) and not isinstance(getattr(module, "lean", None), LeanLayer):
+            lean = LeanLayer(module)
+            # nn.Module's call looks the forward up on the instance first
+            vars(module).update(lean=lean, forward=lean.forward)
+            count += 1
+    return count
+
+
+def undo(model: nn.Module) -> int:
+    """Give the layers their modules' forward back (for comparisons); returns how many."""
+    count = 0
+    for module in model.modules():
+        lean = getattr(module, "lean", None)
+        if isinstance(lean, LeanLayer):
+            del vars(module)["forward"], vars(module)["lean"]  # the class's forward again
+            count += 1
+    return count
