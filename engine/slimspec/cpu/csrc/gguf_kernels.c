@@ -795,11 +795,12 @@ static void panel_tokens(int type, const void *p, int64_t nb, int T, const int8_
 #endif
 
 #if defined(__AMX_INT8__) && defined(__AVX512F__)
+#define AMX_PATH 5  // simd_path() where the tiles run (the AMX section below)
 static int amx_usable(void);
 #endif
 int simd_path(void) {
-#if defined(__AMX_INT8__) && defined(__AVX512F__)
-    if (amx_usable()) return 5;  // AMX_PATH; else this build runs as the VNNI one
+#if defined(AMX_PATH)
+    if (amx_usable()) return AMX_PATH;  // else this build runs as the VNNI one
 #endif
 #if defined(__AVX2__)
     return SIMD_PATH_AVX2;
@@ -937,7 +938,6 @@ static int rows_by_panels(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t
 // repacked copy kept resident would cost ~3.5x the 4-bit bytes).
 #include <sys/syscall.h>
 #include <unistd.h>
-#define AMX_PATH 5
 enum { AMX_ROWS = 16 };
 // From this many activation rows the tiles take over (-D to measure): below, packing
 // the weights costs more than the tiles save. The 1.5B target's layers on a 2-core
@@ -1049,7 +1049,7 @@ typedef struct {
 // products in 16-bit lanes: the low byte's product (<= 105) carries nothing upwards.
 static void q4k_pack_tiles(const uint8_t *w, int64_t row_bytes, int nr, int64_t b,
                            q4k_tile_block *pb) {
-    const __m512i low4 = _mm512_set1_epi8(0xF), three = _mm512_set1_epi16(7);
+    const __m512i low4 = _mm512_set1_epi8(0xF), low3 = _mm512_set1_epi16(7);
     for (int r = 0; r < AMX_ROWS; r++) {
         if (r >= nr) {
             for (int c = 0; c < 4; c++) {
@@ -1076,7 +1076,7 @@ static void q4k_pack_tiles(const uint8_t *w, int64_t row_bytes, int nr, int64_t 
                 0x0001000100010001LL * (2 * c), 0x0001000100010001LL * (2 * c),
                 0x0001000100010001LL * (2 * c), 0x0001000100010001LL * (2 * c));
             const __m512i s = _mm512_permutexvar_epi16(pick, sc16);
-            _mm512_store_si512(pb->lo[c][r], _mm512_mullo_epi16(v, _mm512_and_si512(s, three)));
+            _mm512_store_si512(pb->lo[c][r], _mm512_mullo_epi16(v, _mm512_and_si512(s, low3)));
             _mm512_store_si512(pb->hi[c][r], _mm512_mullo_epi16(v, _mm512_srli_epi16(s, 3)));
             pb->mn[r][c] = (int32_t)((uint32_t)mn[2 * c + 1] << 16 | mn[2 * c]);
         }
@@ -1219,13 +1219,9 @@ static int rows_by_tiles(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t 
     union {
         q4k_tile_block q4;
         q6k_tile_block q6;
-    } *p = aligned_alloc(64, sizeof *p);
+    } pack __attribute__((aligned(64))), *p = &pack;  // one block of 16 weight rows
     float(*acc)[AMX_ROWS][AMX_ROWS] = aligned_alloc(64, (size_t)chunks * sizeof *acc);
-    if (!p || !acc) {
-        free(p);
-        free(acc);
-        return 0;
-    }
+    if (!acc) return 0;
     amx_configure(q4 ? 64 : 16);
     for (int64_t n = n0; n < n1; n += AMX_ROWS) {
         const int nr = (int)(n1 - n < AMX_ROWS ? n1 - n : AMX_ROWS);
@@ -1270,7 +1266,6 @@ static int rows_by_tiles(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t 
         }
     }
     _tile_release();
-    free(p);
     free(acc);
     return 1;
 }
@@ -1280,6 +1275,10 @@ static tile_acts *tile_acts_alloc(int count, const gguf_weight *wts, int64_t K, 
                                   int scalar) {
     (void)count, (void)wts, (void)K, (void)M, (void)scalar;
     return NULL;
+}
+static void tile_acts_team(const int8_t *q, const float *dx, const int16_t *bsum, int64_t K,
+                           int64_t M, tile_acts *a) {
+    (void)q, (void)dx, (void)bsum, (void)K, (void)M, (void)a;
 }
 #endif
 
@@ -1367,9 +1366,7 @@ int gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_by
     tile_acts *tiles = tile_acts_alloc(1, &wt, K, M, scalar);
 #pragma omp parallel
     {
-#if defined(AMX_PATH)
         if (tiles) tile_acts_team(q, dx, bsum, K, M, tiles);  // ends with a barrier
-#endif
         matmul_team(1, &wt, K, M, q, dx, bsum, tiles, ys, ldys, 0, scalar);
     }
     free(tiles);
@@ -1395,9 +1392,7 @@ int gguf_linear(const void *x, int x_bf16, int64_t M, int64_t K, int64_t lda, in
 #pragma omp parallel
     {
         quantize_team(x, x_bf16, M, K, lda, block, q, dx, bsum);  // ends with a barrier
-#if defined(AMX_PATH)
         if (tiles) tile_acts_team(q, dx, bsum, K, M, tiles);  // ends with a barrier
-#endif
         matmul_team(count, wts, K, M, q, dx, bsum, tiles, ys, ldys, y_bf16, scalar);
     }
     free(tiles);
