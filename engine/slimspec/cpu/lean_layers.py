@@ -2,9 +2,10 @@
 framework's per-module dispatch.
 
 Why: on 2 cores the 1.5B Qwen2 target's one-row forward spent ~17 of ~63 ms outside
-the native kernels, much of it in dispatch: a layer calls 12 modules (norms, attention,
-MLP, five projections, the activation), each through nn.Module's call machinery, the
-keyword-deprecation wrappers and the projection groups' bookkeeping. `LeanLayer` runs
+the native kernels, part of it (~2 ms) in dispatch: a layer calls 12 modules (norms,
+attention, MLP, five projections, the activation), each through nn.Module's call
+machinery, the keyword-deprecation wrappers and the projection groups' bookkeeping;
+the rest is torch's elementwise kernels and the model-level work. `LeanLayer` runs
 the layer's tensor operations in the same order with the same functions (the norm
 class's own forward, the model file's RoPE, the attention implementation the config
 names, the cache's update, one native call per projection group), so every value is
