@@ -47,7 +47,6 @@ class LeanLayer:
 
     def __init__(self, layer: Any) -> None:  # a decoder layer that fits()
         attn, mlp = layer.self_attn, layer.mlp
-        self.layer: Any = layer
         self.attn: Any = attn
         self.original = layer.forward  # the class's forward, bound to the layer
         self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
@@ -70,6 +69,7 @@ class LeanLayer:
     @staticmethod
     def fits(layer: nn.Module) -> bool:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        family = sys.modules.get(type(attn).__module__)
         norms = (
             getattr(layer, "input_layernorm", None),
             getattr(layer, "post_attention_layernorm", None),
@@ -84,8 +84,8 @@ class LeanLayer:
             and _group_of([mlp.gate_proj, mlp.up_proj]) is not None
             and isinstance(attn.o_proj, GGUFLinear)
             and isinstance(mlp.down_proj, GGUFLinear)
-            and hasattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb")
-            and hasattr(sys.modules[type(attn).__module__], "eager_attention_forward")
+            and hasattr(family, "apply_rotary_pos_emb")
+            and hasattr(family, "eager_attention_forward")
         )
 
     def forward(
