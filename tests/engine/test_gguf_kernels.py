@@ -269,6 +269,86 @@ def test_a_group_computes_its_members_together_and_never_hands_out_a_stale_outpu
         assert all(torch.equal(m(xi), one_at_a_time(m, xi)) for m in [layers[1], *layers])
 
 
+def glue_weights(seed: int = 3) -> dict:
+    """A small bf16 decoder layer's parts for gguf_kernels.layer_pre / layer_post:
+    width 512, 2 query heads and 1 KV head of 76 values (RoPE with a tail past the
+    last 8 values), attention output 256 wide, an MLP of 256 (Q4_K and Q6_K blocks)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def layer(t: int, n: int, k: int, bias: bool, s: int) -> gk.GGUFLinear:
+        blocks = torch.from_numpy(random_blocks(t, n, k, seed=s))
+        return gk.GGUFLinear(
+            t, blocks, k, torch.randn(n, generator=g) if bias else None, torch.bfloat16
+        )
+
+    qkv = [
+        layer(gk.Q4_K, 152, 512, True, 20),
+        layer(gk.Q6_K, 76, 512, True, 21),
+        layer(gk.Q4_K, 76, 512, False, 22),
+    ]
+    return {
+        "qkv": gk.LinearGroup(qkv),
+        "o": layer(gk.Q4_K, 512, 256, False, 23),
+        "gate_up": gk.LinearGroup(
+            [layer(gk.Q4_K, 256, 512, False, 24), layer(gk.Q4_K, 256, 512, False, 25)]
+        ),
+        "down": layer(gk.Q6_K, 512, 256, False, 26),
+        "norms": [(1 + 0.1 * torch.randn(512, generator=g)).bfloat16() for _ in range(2)],
+    }
+
+
+def glue_inputs(m: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(m, 512, generator=g) * 2).bfloat16()
+    angles = torch.rand(m, 38, generator=g) * 6
+    cos = torch.cat([angles.cos(), angles.cos()], -1).bfloat16()
+    sin = torch.cat([angles.sin(), angles.sin()], -1).bfloat16()
+    attn = torch.randn(m, 256, generator=g).bfloat16()
+    return h, cos, sin, attn
+
+
+def glued_layer(w: dict, h, cos, sin, attn) -> list[torch.Tensor]:
+    q, k, v = gk.layer_pre(h, w["norms"][0], 1e-6, w["qkv"], cos, sin)
+    out = gk.layer_post(h, attn, w["o"], w["norms"][1], 1e-6, w["gate_up"], w["down"])
+    return [q, k, v, out]
+
+
+def torch_layer(w: dict, h, cos, sin, attn) -> list[torch.Tensor]:
+    """The same steps as torch's bf16 tensor operations (transformers' modules)."""
+
+    def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+
+    def rope(x: torch.Tensor) -> torch.Tensor:
+        x = x.view(x.shape[0], -1, 76)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        return (x * c + torch.cat([-x[..., 38:], x[..., :38]], -1) * s).flatten(1)
+
+    q, k, v = (one_at_a_time(m, norm(h, w["norms"][0])) for m in w["qkv"].members)
+    mid = h + one_at_a_time(w["o"], attn)
+    gate, up = (one_at_a_time(m, norm(mid, w["norms"][1])) for m in w["gate_up"].members)
+    out = mid + one_at_a_time(w["down"], torch.nn.functional.silu(gate) * up)
+    return [rope(q), rope(k), v, out]
+
+
+def test_the_layer_glue_is_torchs_bf16_layer_row_by_row():
+    """layer_pre / layer_post (the served target's norms, RoPE, residuals and SiLU MLP
+    around its projections) give torch's bf16 layer up to the norms' sum order and
+    SiLU's exp, and each row's values do not depend on the rows beside it."""
+    w = glue_weights()
+    h, cos, sin, attn = glue_inputs(7)
+    got = glued_layer(w, h, cos, sin, attn)
+    for a, b in zip(got, torch_layer(w, h, cos, sin, attn), strict=True):
+        assert a.dtype == torch.bfloat16 and a.shape == b.shape
+        assert (a.float() - b.float()).abs().max() <= 0.03 * b.float().abs().max()
+    for rows in (slice(0, 1), slice(2, 5), slice(6, 7)):
+        alone = glued_layer(w, h[rows], cos[rows], sin[rows], attn[rows])
+        assert all(torch.equal(a, b[rows]) for a, b in zip(alone, got, strict=True))
+    with pytest.raises(ValueError):  # heads that do not divide the projection
+        gk.layer_pre(h, w["norms"][0], 1e-6, w["qkv"], cos[:, :50], sin[:, :50])
+
+
 def test_each_cpu_gets_the_widest_gguf_build_it_can_run():
     vnni = "flags\t\t: sse4_2 avx avx2 f16c fma avx512f avx512bw avx512vl avx512_vnni\n"
     zen2 = "flags\t\t: sse4_2 avx avx2 f16c fma\n"  # AMD Zen 1-3, Intel before Cascade Lake
@@ -289,7 +369,7 @@ def test_each_cpu_gets_the_widest_gguf_build_it_can_run():
 def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     """The portable C (software fp16 conversion, scalar quantisation and kernels) and the
     narrower SIMD builds this CPU runs, each built beside the loaded library:
-    quantisation, matmuls, fused layers and attention agree bit for bit, so a model
+    quantisation, matmuls, fused layers, attention and the layer glue agree bit for bit, so a model
     served on one CPU gives the logits it gives on another."""
     from slimspec.cpu import clib
 
@@ -330,6 +410,7 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     kf, vf = torch.randn(1, 2, 11, 76), torch.randn(1, 2, 11, 76)
     allowed = torch.rand(1, 3, 11) > 0.3
     allowed[0, 0] = False
+    glue = glue_weights()
 
     def results() -> list[torch.Tensor]:
         return [
@@ -341,6 +422,8 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
             gk.attention_rows(q, k, v, None, 0.2, out_dtype=torch.bfloat16),
             gk.attention_rows(qf, kf, vf, allowed, 0.3),
             gk.attention_rows(qf, kf, vf, None, 0.3),
+            *glued_layer(glue, *glue_inputs(5)),
+            *glued_layer(glue, *glue_inputs(19, seed=1)),  # panels, tiles
         ]
 
     simd = results()

@@ -82,17 +82,23 @@ def test_a_positions_logits_do_not_depend_on_the_rows_beside_it(served):
     assert torch.equal(batch[:1], full)
 
 
-def test_the_lean_layers_compute_what_the_modules_compute(served):
+def test_the_lean_layers_compute_what_the_modules_compute(served, monkeypatch):
     """lean_layers.py drops the modules' dispatch, not their arithmetic: a prefill and a
     3-token step on its cache give the modules' logits bit for bit, and the modules
-    inside a layer (its norms here) are not called on the lean path."""
+    inside a layer (its norms here) are not called on the lean path. The glued layers
+    (native norm, RoPE and MLP glue in bf16) give the same logits up to the norms' sum
+    order and SiLU's exp, and run for the served bf16 target."""
     model, _ = served
     layers = model.model.layers
-    norm_calls = []
+    norm_calls, glue_calls = [], []
     hooks = [
         layer.input_layernorm.register_forward_hook(lambda *_: norm_calls.append(1))
         for layer in layers
     ]
+    pre = gguf_kernels.layer_pre
+    monkeypatch.setattr(
+        gguf_kernels, "layer_pre", lambda *a, **kw: glue_calls.append(1) or pre(*a, **kw)
+    )
 
     def prefill_and_step() -> tuple[torch.Tensor, torch.Tensor]:
         cache = DynamicCache(config=model.config)
@@ -101,9 +107,16 @@ def test_the_lean_layers_compute_what_the_modules_compute(served):
             step = model(torch.tensor([[7, 8, 9]]), cache=cache, use_cache=True).logits
         return first, step
 
+    def set_glued(on: bool) -> None:
+        for layer in layers:
+            layer.lean.glued = on
+
     try:
+        glued = prefill_and_step()
+        assert len(glue_calls) == 2 * len(layers) and not norm_calls
+        set_glued(False)
         lean = prefill_and_step()
-        assert not norm_calls  # the lean path ran
+        assert not norm_calls and len(glue_calls) == 2 * len(layers)  # the lean path ran
         assert lean_layers.undo(model) == len(layers)
         modules = prefill_and_step()
         assert len(norm_calls) == 2 * len(layers)
@@ -111,7 +124,11 @@ def test_the_lean_layers_compute_what_the_modules_compute(served):
         lean_layers.use_for(model)
         for hook in hooks:
             hook.remove()
+    assert all(layer.lean.glued for layer in layers)  # a fresh LeanLayer glues again
     assert torch.equal(lean[0], modules[0]) and torch.equal(lean[1], modules[1])
+    for got, want in zip(glued, modules, strict=True):
+        assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
 
 
 def requests(sampling: list[SamplingParams], n: int = 20) -> list[GenerationRequest]:

@@ -104,6 +104,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     weights, ptrs = ctypes.POINTER(_Weight), ctypes.POINTER(ctypes.c_void_p)
     lib.gguf_linear.argtypes = [p, i32, i64, i64, i64, i32, weights, ptrs, i32, p, p, p, i32]
     lib.gguf_linear.restype = i32
+    f32 = ctypes.c_float
+    lib.layer_pre.argtypes = [p, i64, i64, p, f32, weights, ptrs, p, p, i64, p, p, p, p, i32]
+    lib.layer_pre.restype = i32
+    lib.layer_post.argtypes = [p, p, i64, i64, i64, weights, p, f32, p, p, p, p, p, p, i32]
+    lib.layer_post.restype = i32
     lib.simd_path.argtypes = []
     lib.simd_path.restype = i32
     return lib
@@ -413,6 +418,71 @@ def _linear(
     if rc:
         raise ValueError(f"GGUF linear: weights of K={k} that do not fit or mix activation blocks")
     return [y.view(*lead, n) for y, n in zip(outs, sizes, strict=True)]
+
+
+def _glue_scratch(values: int) -> torch.Tensor:
+    """This thread's reused bf16 room for a layer call's intermediates (>= values)."""
+    buf = getattr(_scratch, "glue", None)
+    if buf is None or buf.numel() < values:
+        buf = torch.empty(values, dtype=torch.bfloat16)
+        _scratch.glue = buf
+    return buf
+
+
+def layer_pre(
+    h: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    qkv: LinearGroup,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> list[torch.Tensor]:
+    """A decoder layer's start in one native call: RMSNorm of h (M, K) bf16, the q/k/v
+    projections (M, N_i) bf16, and RoPE (cos, sin (M, d) bf16) on the q and k heads
+    (csrc: layer_pre; values as torch's bf16 operations, up to the norm's sum order)."""
+    lib = _loaded.get("lib") or _require()
+    m, k = h.shape
+    d = cos.shape[-1]
+    xn = _glue_scratch(m * k)
+    q, dx, bsum = _scratch_buffers(m, k, 32)
+    outs = [torch.empty(m, n, dtype=torch.bfloat16) for n in qkv.sizes]
+    ys = (ctypes.c_void_p * len(outs))(*[y.data_ptr() for y in outs])
+    rc = lib.layer_pre(
+        h.data_ptr(), m, k, norm_weight.data_ptr(), eps, qkv.weights, ys, cos.data_ptr(),
+        sin.data_ptr(), d, xn.data_ptr(), q, dx, bsum, 0,
+    )  # fmt: skip
+    if rc:
+        raise ValueError(f"layer_pre: weights that do not fit K={k} or heads of {d}")
+    return outs
+
+
+def layer_post(
+    h: torch.Tensor,
+    attn: torch.Tensor,
+    o: GGUFLinear,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate_up: LinearGroup,
+    down: GGUFLinear,
+) -> torch.Tensor:
+    """A decoder layer's end in one native call: h + o(attn), then + down(SiLU(gate) x
+    up) of its RMSNorm; h (M, K) and attn (M, Ka) bf16 -> (M, K) bf16 (csrc:
+    layer_post)."""
+    lib = _loaded.get("lib") or _require()
+    m, k = h.shape
+    ka, inter = attn.shape[1], gate_up.sizes[0]
+    glue = _glue_scratch(m * k + 3 * m * inter)
+    q, dx, bsum = _scratch_buffers(m, max(k, ka, inter), 32)
+    weights = (_Weight * 4)(o.native_weight, *gate_up.weights, down.native_weight)
+    out = torch.empty(m, k, dtype=torch.bfloat16)
+    base = glue.data_ptr()
+    rc = lib.layer_post(
+        h.data_ptr(), attn.data_ptr(), m, k, ka, weights, norm_weight.data_ptr(), eps,
+        out.data_ptr(), base, base + 2 * m * k, q, dx, bsum, 0,
+    )  # fmt: skip
+    if rc:
+        raise ValueError(f"layer_post: weights that do not fit K={k}, {ka} or {inter}")
+    return out
 
 
 def native_input(x: torch.Tensor) -> bool:

@@ -1719,3 +1719,258 @@ int attention_rows_f32(const float *q, const float *k, const float *v, const uin
     return attention_rows(q, k, v, 0, T * Hq * d, Hq * d, d, Hkv * L * d, L * d, d,
                           Hkv * L * d, L * d, d, allowed, T * L, L, B, T, Hq, Hkv, L, d, scale, out, 0);
 }
+
+// ---------------------------------------------------------------- decoder layer glue
+// A pre-norm decoder layer (transformers' Qwen2 and Llama: RMSNorm, q/k/v, RoPE,
+// attention, o, residual; RMSNorm, gate/up, SiLU x up, down, residual) in bfloat16,
+// around its attention (which stays the caller's: its cache and its masks):
+// layer_pre is the norm, the q/k/v projections and RoPE; layer_post the o projection,
+// both residual adds, the second norm and the MLP, each in one parallel region.
+// Why: on 2 cores the target's one-row forward spent ~14 of ~75 ms in the ~45 small
+// torch operations a layer runs around its projections. Every elementwise step is
+// torch's on bfloat16 tensors (float32 arithmetic, then round-to-nearest-even to bf16,
+// tensor op by tensor op); the norm's mean of squares adds 8 partial sums in a fixed
+// order and SiLU uses expf, so a value can sit one bf16 step from the modules' (tests
+// bound it). Each row is computed from its own values only, in one fixed order, so a
+// position's hidden states do not depend on how many rows go through beside it.
+
+// The elementwise steps, 8 values at a time where the CPU has AVX2 and one at a time
+// elsewhere, with the same float operations in the same order (no fused multiply-adds:
+// -ffp-contract=off), so every build gives the same bits.
+static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// e^x as Cephes' expf (range reduction by ln 2 in two parts, a degree-5 polynomial):
+// within 2 ulp, and the vector form below computes the same operations.
+#define EXP_MAX 88.3762626647949f
+static inline float exp_cephes(float x) {
+    x = fminf(fmaxf(x, -EXP_MAX), EXP_MAX);
+    const float fx = floorf(x * 1.44269504088896341f + 0.5f);
+    x = x - fx * 0.693359375f;
+    x = x - fx * -2.12194440e-4f;
+    const float z = x * x;
+    float y = 1.9875691500E-4f;
+    y = y * x + 1.3981999507E-3f;
+    y = y * x + 8.3334519073E-3f;
+    y = y * x + 4.1665795894E-2f;
+    y = y * x + 1.6666665459E-1f;
+    y = y * x + 5.0000001201E-1f;
+    y = y * z + x + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)fx + 127) << 23;
+    float p;
+    memcpy(&p, &bits, 4);
+    return y * p;
+}
+
+static inline uint16_t bf16_mul(uint16_t a, uint16_t b) {
+    return float_to_bf16(bf16_to_float(a) * bf16_to_float(b));
+}
+
+static inline uint16_t bf16_add(uint16_t a, uint16_t b) {
+    return float_to_bf16(bf16_to_float(a) + bf16_to_float(b));
+}
+
+static inline float silu_times(float g, float u) {
+    return round_bf16(round_bf16(g / (1.0f + exp_cephes(-g))) * u);
+}
+
+#if defined(__AVX2__)
+ALWAYS_INLINE __m256 load_bf16x8(const uint16_t *p) { return load8_f32(p, 0, 1, 0); }
+ALWAYS_INLINE void store_bf16x8(uint16_t *p, __m256 v) { put_outputs8(p, 1, 0, v, NULL); }
+ALWAYS_INLINE __m256 round_bf16x8(__m256 v) {
+    uint16_t h[8];
+    store_bf16x8(h, v);
+    return load_bf16x8(h);
+}
+
+ALWAYS_INLINE __m256 exp_cephes8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-EXP_MAX)), _mm256_set1_ps(EXP_MAX));
+    const __m256 fx = _mm256_floor_ps(
+        _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
+    const __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
+}
+#endif
+
+// y[i] = x[i] + o[i] (bf16), values i0..i1-1.
+static void add_bf16(const uint16_t *x, const uint16_t *o, uint16_t *y, int64_t i0, int64_t i1) {
+    int64_t i = i0;
+#if defined(__AVX2__)
+    for (; i + 8 <= i1; i += 8)
+        store_bf16x8(y + i, _mm256_add_ps(load_bf16x8(x + i), load_bf16x8(o + i)));
+#endif
+    for (; i < i1; i++) y[i] = bf16_add(x[i], o[i]);
+}
+
+// act[i] = SiLU(gate[i]) x up[i], each rounded to bf16 as torch's bf16 tensors.
+static void silu_mul_bf16(const uint16_t *gate, const uint16_t *up, uint16_t *act, int64_t i0,
+                          int64_t i1) {
+    int64_t i = i0;
+#if defined(__AVX2__)
+    for (; i + 8 <= i1; i += 8) {
+        const __m256 g = load_bf16x8(gate + i);
+        const __m256 e = exp_cephes8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+        const __m256 s = round_bf16x8(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+        store_bf16x8(act + i, _mm256_mul_ps(s, load_bf16x8(up + i)));
+    }
+#endif
+    for (; i < i1; i++) act[i] = float_to_bf16(silu_times(bf16_to_float(gate[i]), bf16_to_float(up[i])));
+}
+
+// y = RMSNorm(x) for one row of K bf16 values: x * (1 / sqrt(mean(x^2) + eps)) rounded
+// to bf16, times the bf16 weight, rounded to bf16. The squares go into 8 partial sums
+// (value i into sum i % 8), added in lanes_total's order.
+static void rms_norm_row(const uint16_t *x, const uint16_t *w, int64_t K, float eps,
+                         uint16_t *y) {
+    float part[LANES] = {0};
+    int64_t i = 0;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + LANES <= K; i += LANES) {
+        const __m256 v = load_bf16x8(x + i);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    }
+    _mm256_storeu_ps(part, acc);
+#endif
+    for (; i < K; i++) {
+        const float v = bf16_to_float(x[i]);
+        part[i % LANES] += v * v;
+    }
+    const float r = 1.0f / sqrtf(lanes_total(part) / (float)K + eps);
+    i = 0;
+#if defined(__AVX2__)
+    const __m256 vr = _mm256_set1_ps(r);
+    for (; i + 8 <= K; i += 8) {
+        const __m256 n = round_bf16x8(_mm256_mul_ps(load_bf16x8(x + i), vr));
+        store_bf16x8(y + i, _mm256_mul_ps(load_bf16x8(w + i), n));
+    }
+#endif
+    for (; i < K; i++) y[i] = bf16_mul(w[i], float_to_bf16(bf16_to_float(x[i]) * r));
+}
+
+// RoPE on one head of d values in place: x * cos + rotate_half(x) * sin, each product
+// and the sum rounded to bf16 (rotate_half: [-x2, x1]).
+static void rope_head(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t d) {
+    const int64_t half = d / 2;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= half; i += 8) {
+        const __m256 a = load_bf16x8(x + i), b = load_bf16x8(x + i + half);
+        const __m256 lo = _mm256_add_ps(
+            round_bf16x8(_mm256_mul_ps(a, load_bf16x8(cos + i))),
+            round_bf16x8(_mm256_mul_ps(_mm256_xor_ps(b, sign), load_bf16x8(sin + i))));
+        const __m256 hi = _mm256_add_ps(
+            round_bf16x8(_mm256_mul_ps(b, load_bf16x8(cos + i + half))),
+            round_bf16x8(_mm256_mul_ps(a, load_bf16x8(sin + i + half))));
+        store_bf16x8(x + i, lo);
+        store_bf16x8(x + i + half, hi);
+    }
+#endif
+    for (; i < half; i++) {
+        const uint16_t a = x[i], b = x[i + half];
+        x[i] = bf16_add(bf16_mul(a, cos[i]), bf16_mul(b ^ 0x8000u, sin[i]));
+        x[i + half] = bf16_add(bf16_mul(b, cos[i + half]), bf16_mul(a, sin[i + half]));
+    }
+}
+
+enum { CHUNK = 2048 };  // elementwise values a thread takes at a time (a multiple of 8)
+
+// One projection phase inside a parallel region: x (M rows of K, row stride lda, bf16)
+// quantised, then ys[i] (M, wts[i].N) bf16 = x . W_i (+ bias_i), ending with a barrier.
+static void linear_phase(const uint16_t *x, int64_t M, int64_t K, int64_t lda, int count,
+                         const gguf_weight *wts, void *const *ys, const tile_acts *tiles_in,
+                         int8_t *q, float *dx, int16_t *bsum, int scalar) {
+    int64_t ldys[8];
+    for (int i = 0; i < count; i++) ldys[i] = wts[i].N;
+    tile_acts *tiles = (tile_acts *)tiles_in;
+    quantize_team(x, 1, M, K, lda, activation_block(wts[0].type), q, dx, bsum);  // + barrier
+    if (tiles) tile_acts_team(q, dx, bsum, K, M, tiles);                       // + barrier
+    matmul_team(count, wts, K, M, q, dx, bsum, tiles, ys, ldys, 1, scalar);
+#pragma omp barrier
+}
+
+static int phase_fits(int count, const gguf_weight *wts, int64_t K) {
+    if (count < 1 || count > 8) return 0;
+    for (int i = 0; i < count; i++)
+        if (!weight_fits(&wts[i], K) || activation_block(wts[i].type) != activation_block(wts[0].type))
+            return 0;
+    return 1;
+}
+
+// h (M, K) bf16 -> qkv[0..2] (M, N_i) bf16: RMSNorm (norm_w, eps) into xn (M, K), the
+// three projections, then RoPE (cos, sin: (M, d) bf16) on every d-value head of the
+// first two. q, dx, bsum: room for M x K quantised values. Returns -1 where a weight
+// does not fit K or a projection is not whole heads.
+int layer_pre(const uint16_t *h, int64_t M, int64_t K, const uint16_t *norm_w, float eps,
+              const gguf_weight *wts, void *const *qkv, const uint16_t *cos,
+              const uint16_t *sin, int64_t d, uint16_t *xn, int8_t *q, float *dx,
+              int16_t *bsum, int scalar) {
+    if (!phase_fits(3, wts, K) || d < 2 || d % 2 || wts[0].N % d || wts[1].N % d) return -1;
+    tile_acts *tiles = tile_acts_alloc(3, wts, K, M, scalar);
+    const int64_t hq = wts[0].N / d, hk = wts[1].N / d;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) rms_norm_row(h + m * K, norm_w, K, eps, xn + m * K);
+        linear_phase(xn, M, K, K, 3, wts, qkv, tiles, q, dx, bsum, scalar);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < M * (hq + hk); i++) {
+            const int64_t m = i / (hq + hk), j = i % (hq + hk);
+            uint16_t *x = j < hq ? (uint16_t *)qkv[0] + (m * hq + j) * d
+                                 : (uint16_t *)qkv[1] + (m * hk + j - hq) * d;
+            rope_head(x, cos + m * d, sin + m * d, d);
+        }
+    }
+    free(tiles);
+    return 0;
+}
+
+// The rest of the layer: out (M, K) bf16 = h + o(attn); then out += down(SiLU(gate) x
+// up) of RMSNorm(out) (post_w, eps), every step rounded to bf16 as torch's bf16
+// tensors. attn (M, Ka) bf16; wts: o, gate, up, down (gate and up of width I).
+// Scratch: xn (M, K) and mid (3 x M x I) bf16; q, dx, bsum: room for M x max(Ka, K, I).
+int layer_post(const uint16_t *h, const uint16_t *attn, int64_t M, int64_t K, int64_t Ka,
+               const gguf_weight *wts, const uint16_t *post_w, float eps, uint16_t *out,
+               uint16_t *xn, uint16_t *mid, int8_t *q, float *dx, int16_t *bsum, int scalar) {
+    const gguf_weight *o = wts, *gate_up = wts + 1, *down = wts + 3;
+    const int64_t I = gate_up[0].N;
+    if (o->N != K || gate_up[1].N != I || down->N != K || !phase_fits(1, o, Ka) ||
+        !phase_fits(2, gate_up, K) || !phase_fits(1, down, I))
+        return -1;
+    tile_acts *t_o = tile_acts_alloc(1, o, Ka, M, scalar);
+    tile_acts *t_gu = tile_acts_alloc(2, gate_up, K, M, scalar);
+    tile_acts *t_d = tile_acts_alloc(1, down, I, M, scalar);
+    uint16_t *gate = mid, *up = mid + M * I, *act = mid + 2 * M * I;
+    void *o_out[1] = {xn}, *gu_out[2] = {gate, up}, *d_out[1] = {xn};
+#pragma omp parallel
+    {
+        linear_phase(attn, M, Ka, Ka, 1, o, o_out, t_o, q, dx, bsum, scalar);
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) {
+            add_bf16(h, xn, out, m * K, (m + 1) * K);
+            rms_norm_row(out + m * K, post_w, K, eps, xn + m * K);
+        }
+        linear_phase(xn, M, K, K, 2, gate_up, gu_out, t_gu, q, dx, bsum, scalar);
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < (M * I + CHUNK - 1) / CHUNK; c++)
+            silu_mul_bf16(gate, up, act, c * CHUNK, c * CHUNK + CHUNK < M * I ? c * CHUNK + CHUNK : M * I);
+        linear_phase(act, M, I, I, 1, down, d_out, t_d, q, dx, bsum, scalar);
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < (M * K + CHUNK - 1) / CHUNK; c++)
+            add_bf16(out, xn, out, c * CHUNK, c * CHUNK + CHUNK < M * K ? c * CHUNK + CHUNK : M * K);
+    }
+    free(t_o);
+    free(t_gu);
+    free(t_d);
+    return 0;
+}
