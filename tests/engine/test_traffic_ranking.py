@@ -142,6 +142,7 @@ def test_rerank_swaps_between_steps_and_output_stays_exact(tiny_llama_pair):
     # a 96-token vocabulary: let 60 tokens of traffic outweigh the calibration prior
     traffic.min_new_tokens, traffic.min_interval_s, traffic.prior_tokens = 16, 0.0, 1
     assert traffic.maybe_start(dec.head, dec.head_config().subset_size)
+    assert traffic._thread is not None and not traffic._thread.daemon  # exit waits for it
     traffic.wait(30)
     # ready, but swapped in only at the start of the next step
     assert dec.head is before_head and dec.ranking_status().source == "calibration"

@@ -209,8 +209,11 @@ class TrafficRanking:
         self.counts *= 0.5 ** (self._new / HALF_LIFE_TOKENS)
         snapshot = self.counts.clone()
         self._new, self._last = 0.0, time.monotonic()
+        # Not a daemon: the interpreter's exit waits for the (seconds-long) build. A
+        # daemon thread still inside torch when the process exits is torn down in C++
+        # frames, and the process aborts (std::terminate, exit code 134).
         self._thread = threading.Thread(
-            target=self._rerank, args=(head, snapshot), name="slimspec-rerank", daemon=True
+            target=self._rerank, args=(head, snapshot), name="slimspec-rerank", daemon=False
         )
         self._thread.start()
         return True
