@@ -21,6 +21,18 @@ def test_warp_greedy_is_one_hot_on_argmax():
     assert p.tolist() == [[0.0, 1.0, 0.0, 0.0]]
 
 
+@pytest.mark.parametrize("vocab", [17, 30387, 151936])
+def test_greedy_tokens_are_argmaxs_first_maximum_on_ties(vocab):
+    """Greedy decisions take max's indices (faster than argmax on bf16); on the many
+    ties of bf16 logits they must be argmax's tokens, or a greedy run would change."""
+    g = torch.Generator().manual_seed(vocab)
+    few_values = torch.randint(-3, 4, (5, vocab), generator=g).bfloat16()
+    few_values[1, ::3] = float("-inf")
+    for logits in (few_values, torch.randn(5, vocab, generator=g).bfloat16(), few_values.float()):
+        assert torch.equal(S.greedy_tokens(logits), logits.argmax(dim=-1))
+    assert S.greedy_tokens(torch.tensor([[1.0, 5.0, 5.0, 2.0]])).tolist() == [1]
+
+
 def test_warp_top_k_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     p = S.warp_probs(logits, *_params(1, top_k=2))

@@ -19,7 +19,7 @@ import torch
 
 from slimspec.decoding.kv import decoder_stack, forward
 from slimspec.decoding.rows import RowBatch
-from slimspec.decoding.sampling import BatchSampling
+from slimspec.decoding.sampling import BatchSampling, greedy_tokens
 from slimspec.draft_head.artifact import CalibrationArtifact
 from slimspec.draft_head.head import DraftHead, HeadConfig, subset_size_for_ratio
 
@@ -142,7 +142,7 @@ class HeadDrafter:
                 idx = top2[:, 0]
                 siblings.append(token_ids[top2[:, 1]])
             elif sampling.all_greedy:
-                idx = logits.argmax(dim=-1)
+                idx = greedy_tokens(logits)
             else:
                 q = sampling.warp(logits)
                 idx = sampling.draft_choice(q, j, token_ids)
@@ -152,7 +152,7 @@ class HeadDrafter:
             if sampling.grammar is not None:
                 sampling.grammar.take_drafts(tok)
             if shadow:  # the full head scores these after verification, outside the timing
-                shadow_argmax.append(token_ids[logits.argmax(dim=-1)])
+                shadow_argmax.append(token_ids[greedy_tokens(logits)])
                 shadow_hidden.append(hidden.clone())
             inp = tok.unsqueeze(1)
             inp_pos = (last_pos + 1 + j).unsqueeze(1)

@@ -16,7 +16,7 @@ from slimspec.decoding.grouped_forward import Group, forward_groups
 from slimspec.decoding.kv import decoder_stack, forward
 from slimspec.decoding.logprobs import token_logprobs
 from slimspec.decoding.rows import RowBatch, RowOutcome
-from slimspec.decoding.sampling import BatchSampling, full_vocab_q
+from slimspec.decoding.sampling import BatchSampling, full_vocab_q, greedy_tokens
 from slimspec.decoding.siblings import tree_attention, tree_positions, verify_greedy_siblings
 
 
@@ -102,7 +102,7 @@ class TargetVerifier:
         hit = torch.zeros(n_all, dtype=torch.bool, device=dev)
         argmax = None
         if sampling.all_greedy:
-            argmax = logits.argmax(dim=-1)
+            argmax = greedy_tokens(logits)
             num_acc, hit, next_tok = verify_greedy_siblings(
                 argmax, proposal.tokens, proposal.siblings
             )
@@ -111,7 +111,7 @@ class TargetVerifier:
             q = full_vocab_q(proposal.q, proposal.token_ids, self.vocab, n_all)
             num_acc, next_tok = sampling.verify(p, q, proposal.tokens)
             if want_argmax:
-                argmax = logits.argmax(dim=-1)
+                argmax = greedy_tokens(logits)
         seconds = self._clock() - t0
         return Verdict(num_acc, next_tok, hit, argmax, cache_start, seconds, raw)
 
