@@ -328,3 +328,10 @@ def test_attention_matches_reference(t, hq, hkv, d):
     want = nl.attention_reference(q, k, v, allowed, d**-0.5)
     got = nl.attention(LIB, qkv, hq, k, v, allowed, d**-0.5).view(b, t, -1)
     torch.testing.assert_close(got.float(), want, rtol=0.02, atol=0.02)
+    # keys and values read in place from a cache's room (heads 60 slots apart): the same bits
+    room_k, room_v = torch.zeros(b, hkv, 60, d).bfloat16(), torch.zeros(b, hkv, 60, d).bfloat16()
+    room_k[:, :, :n_keys], room_v[:, :, :n_keys] = k, v
+    view_k, view_v = room_k[:, :, :n_keys], room_v[:, :, :n_keys]
+    assert nl.kv_rows(view_k)[0] is view_k and nl.kv_rows(view_k)[1] == 60
+    in_room = nl.attention(LIB, qkv, hq, view_k, view_v, allowed, d**-0.5).view(b, t, -1)
+    assert torch.equal(in_room, got)

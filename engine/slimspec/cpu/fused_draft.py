@@ -295,10 +295,11 @@ class FusedDraftBase:
             native_kernels.check_rc(rc, "draft layer")
             ks, vs = cache.update(k_new, v_new, i)
             if q <= SMALL_QUERY:
-                ks, vs = ks.contiguous(), vs.contiguous()
+                (ks, k_rows), (vs, v_rows) = native_kernels.kv_rows(ks), native_kernels.kv_rows(vs)
                 rc = lib.draft_layer_post(
                     *(rows.data_ptr(), b, q, q_rows.data_ptr(), nq, ks.data_ptr()),
-                    *(vs.data_ptr(), allowed.data_ptr(), nkv, ks.shape[2], d, lyr.scaling),
+                    *(vs.data_ptr(), k_rows, v_rows, allowed.data_ptr(), nkv, ks.shape[2], d),
+                    lyr.scaling,
                     *(ctypes.byref(p.o.desc), lyr.post_norm.data_ptr(), lyr.eps),
                     *(ctypes.byref(p.gate_up.desc), ctypes.byref(p.down.desc)),
                 )

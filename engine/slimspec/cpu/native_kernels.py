@@ -153,13 +153,13 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lowbit_gemm_bf16.restype = i32
     lib.rope_bf16.argtypes = [p, i64, i64, i64, i64, p, p]
     lib.rope_bf16.restype = None
-    lib.attention_bf16.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, i64, i64, f32, p]
+    lib.attention_bf16.argtypes = [p, i64, p, p, i64, i64, p, i64, i64, i64, i64, i64, i64, f32, p]
     lib.attention_bf16.restype = i32
     desc = ctypes.POINTER(ProjDesc)
     lib.draft_layer_pre.argtypes = [p, i64, i64, desc, p, f32, p, p, i64, i64, i64, p, p, p]
     lib.draft_layer_pre.restype = i32
     lib.draft_layer_post.argtypes = [
-        *(p, i64, i64, p, i64, p, p, p, i64, i64, i64, f32),
+        *(p, i64, i64, p, i64, p, p, i64, i64, p, i64, i64, i64, f32),
         *(desc, p, f32, desc, desc),
     ]
     lib.draft_layer_post.restype = i32
@@ -362,6 +362,18 @@ def rope_(
     )
 
 
+def kv_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A (B, H, L, d) key or value tensor as the attention kernels read it, and the rows
+    between its heads: itself where each head's L x d values are contiguous and the
+    heads evenly spaced (a contiguous tensor: L; a view of a cache's room: more),
+    else a contiguous copy."""
+    b, h, n, d = t.shape
+    s = t.stride()
+    if s[3] == 1 and s[2] == d and s[1] % d == 0 and s[1] >= n * d and s[0] == h * s[1]:
+        return t, s[1] // d
+    return t.contiguous(), n
+
+
 def attention(
     lib: ctypes.CDLL,
     q: torch.Tensor,
@@ -379,14 +391,16 @@ def attention(
     """
     b, hkv, n_keys, d = k.shape
     t = allowed.shape[1]
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    allowed = allowed.contiguous()
+    q, allowed = q.contiguous(), allowed.contiguous()
+    (k, k_rows), (v, v_rows) = kv_rows(k), kv_rows(v)
     out = torch.empty(b * t, n_q_heads * d, dtype=torch.bfloat16)
     rc = lib.attention_bf16(
         q.data_ptr(),
         q.shape[1],
         k.data_ptr(),
         v.data_ptr(),
+        k_rows,
+        v_rows,
         allowed.data_ptr(),
         b,
         n_q_heads,

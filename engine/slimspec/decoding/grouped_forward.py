@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, DynamicCache
+from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from slimspec.decoding.kv import BatchKV
+from slimspec.decoding.kv import BatchKV, new_cache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 PREFIX = "slimspec_grouped_"  # + the attention implementation it wraps
@@ -63,9 +63,7 @@ class GroupedStep:
     def __init__(self, groups: Sequence[Group], masks: list[torch.Tensor], config: Any) -> None:
         self.shapes = [tuple(g.ids.shape) for g in groups]
         self.masks = masks
-        self.caches = [
-            g.kv.cache if g.kv.cache is not None else DynamicCache(config=config) for g in groups
-        ]
+        self.caches = [g.kv.cache if g.kv.cache is not None else new_cache(config) for g in groups]
         self.layer_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def unpack(self, packed: torch.Tensor) -> list[torch.Tensor]:

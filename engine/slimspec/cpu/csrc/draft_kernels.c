@@ -317,14 +317,18 @@ __attribute__((target("avx512bf16"))) static void gemm_bf16_blocks(
 }
 
 // Softmax attention for a few query tokens with grouped KV heads (decode steps):
-// q[(b*T + t) * q_stride + h*d + j]; k, v (B, Hkv, L, d) contiguous; allowed (B, T, L)
+// q[(b*T + t) * q_stride + h*d + j]; k, v (B, Hkv, L, d), each head's L rows of d values
+// contiguous and k_rows / v_rows rows apart (L when the tensor is contiguous; a KV cache
+// with spare room behind its slots has more: decoding/kv.py); allowed (B, T, L)
 // bytes (every query allows at least one key); out (B, T, Hq*d). Query head h reads KV
 // head h / (Hq / Hkv), as HF's repeat_kv. Scores, softmax and sums in float32;
 // d a multiple of 16. Returns 0, -1 when scratch cannot be allocated, -2 bad arguments.
 int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
-                   const uint8_t *allowed, int64_t b_rows, int64_t hq, int64_t hkv, int64_t t_len,
-                   int64_t l_len, int64_t d, float scale, uint16_t *out) {
-    if (d % 16 || d > 256 || hkv < 1 || hq % hkv || l_len < 1) return -2;
+                   int64_t k_rows, int64_t v_rows, const uint8_t *allowed, int64_t b_rows,
+                   int64_t hq, int64_t hkv, int64_t t_len, int64_t l_len, int64_t d, float scale,
+                   uint16_t *out) {
+    if (d % 16 || d > 256 || hkv < 1 || hq % hkv || l_len < 1 || k_rows < l_len || v_rows < l_len)
+        return -2;
     int64_t group = hq / hkv, tasks = b_rows * hq;
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
@@ -335,8 +339,8 @@ int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const
             failed = 1;
             continue;
         }
-        const uint16_t *kb = k + (b * hkv + kvh) * l_len * d;
-        const uint16_t *vb = v + (b * hkv + kvh) * l_len * d;
+        const uint16_t *kb = k + (b * hkv + kvh) * k_rows * d;
+        const uint16_t *vb = v + (b * hkv + kvh) * v_rows * d;
         for (int64_t t = 0; t < t_len; t++) {
             const uint16_t *qr = q + (b * t_len + t) * q_stride + h * d;
             const uint8_t *ok = allowed + (b * t_len + t) * l_len;
@@ -612,9 +616,11 @@ static inline __attribute__((always_inline)) void block_lowbit(
 
 // Softmax attention for a few query tokens (see the AVX512 path for the arguments).
 int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
-                   const uint8_t *allowed, int64_t b_rows, int64_t hq, int64_t hkv, int64_t t_len,
-                   int64_t l_len, int64_t d, float scale, uint16_t *out) {
-    if (d % 16 || d > 256 || hkv < 1 || hq % hkv || l_len < 1) return -2;
+                   int64_t k_rows, int64_t v_rows, const uint8_t *allowed, int64_t b_rows,
+                   int64_t hq, int64_t hkv, int64_t t_len, int64_t l_len, int64_t d, float scale,
+                   uint16_t *out) {
+    if (d % 16 || d > 256 || hkv < 1 || hq % hkv || l_len < 1 || k_rows < l_len || v_rows < l_len)
+        return -2;
     int64_t group = hq / hkv, tasks = b_rows * hq, chunks = d / 8;
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
@@ -625,8 +631,8 @@ int attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, const
             failed = 1;
             continue;
         }
-        const uint16_t *kb = k + (b * hkv + kvh) * l_len * d;
-        const uint16_t *vb = v + (b * hkv + kvh) * l_len * d;
+        const uint16_t *kb = k + (b * hkv + kvh) * k_rows * d;
+        const uint16_t *vb = v + (b * hkv + kvh) * v_rows * d;
         for (int64_t t = 0; t < t_len; t++) {
             const uint16_t *qr = q + (b * t_len + t) * q_stride + h * d;
             const uint8_t *ok = allowed + (b * t_len + t) * l_len;
@@ -825,10 +831,12 @@ int draft_layer_pre(const uint16_t *h, int64_t b, int64_t t, const proj_t *qkv,
 }
 
 // Second half, h (M, hidden) updated in place: attention of q (M, nq*d) over the cache
-// k, v (B, nkv, L, d) where allowed (B, T, L); h += W_o @ a; then the MLP,
+// k, v (B, nkv, L, d) (heads k_rows / v_rows rows apart, as attention_bf16) where
+// allowed (B, T, L); h += W_o @ a; then the MLP,
 // h += W_down @ (silu(gate) * up) with gate|up = W_gate_up @ rmsnorm(h).
 int draft_layer_post(uint16_t *h, int64_t b, int64_t t, const uint16_t *q, int64_t nq,
-                     const uint16_t *k, const uint16_t *v, const uint8_t *allowed, int64_t nkv,
+                     const uint16_t *k, const uint16_t *v, int64_t k_rows, int64_t v_rows,
+                     const uint8_t *allowed, int64_t nkv,
                      int64_t l_len, int64_t d, float scale, const proj_t *o,
                      const uint16_t *post_norm, float eps, const proj_t *gate_up,
                      const proj_t *down) {
@@ -837,7 +845,8 @@ int draft_layer_post(uint16_t *h, int64_t b, int64_t t, const uint16_t *q, int64
     uint16_t *a = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * nq * d));
     uint16_t *gu = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * gate_up->n));
     int rc = (!a || !gu) ? -1 : 0;
-    if (rc == 0) rc = attention_bf16(q, nq * d, k, v, allowed, b, nq, nkv, t, l_len, d, scale, a);
+    if (rc == 0) rc = attention_bf16(q, nq * d, k, v, k_rows, v_rows, allowed, b, nq, nkv, t, l_len, d,
+                                     scale, a);
     if (rc == 0) rc = proj_gemm(o, a, m, PROLOGUE_NONE, NULL, 0.0f, h, 1);
     if (rc == 0) rc = proj_gemm(gate_up, h, m, PROLOGUE_RMSNORM, post_norm, eps, gu, 0);
     if (rc == 0) rc = proj_gemm(down, gu, m, PROLOGUE_SILU_GATE, NULL, 0.0f, h, 1);
