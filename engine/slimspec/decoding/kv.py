@@ -49,7 +49,8 @@ def _appended(
 class GrowingLayer(DynamicLayer):
     """A DynamicLayer whose update writes the new slots into spare room behind the
     cached ones instead of concatenating (a copy of the whole layer's keys and values
-    per token: ~35 us a layer a forward here, 15% of a draft step). keys/values are
+    every forward: ~4% of the decode time with 8 rows of 400-token prompts on 2 cores,
+    within noise for one row of 250). keys/values are
     views of that room (a stride of the room's length between heads); anything that
     replaces them with other tensors (compaction, row selection) gets fresh room on
     the next update."""
