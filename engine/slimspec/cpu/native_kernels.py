@@ -367,7 +367,7 @@ def kv_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     between its heads: itself where each head's L x d values are contiguous and the
     heads evenly spaced (a contiguous tensor: L; a view of a cache's room: more),
     else a contiguous copy."""
-    b, h, n, d = t.shape
+    _, h, n, d = t.shape
     s = t.stride()
     if s[3] == 1 and s[2] == d and s[1] % d == 0 and s[1] >= n * d and s[0] == h * s[1]:
         return t, s[1] // d
