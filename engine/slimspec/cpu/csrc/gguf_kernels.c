@@ -1373,6 +1373,30 @@ int gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_by
     return 0;
 }
 
+// Whether 1..8 weights all take K-value activation rows quantised with one block size.
+static int linears_fit(int count, const gguf_weight *wts, int64_t K) {
+    if (count < 1 || count > 8) return 0;
+    for (int i = 0; i < count; i++)
+        if (!weight_fits(&wts[i], K) || activation_block(wts[i].type) != activation_block(wts[0].type))
+            return 0;
+    return 1;
+}
+
+// Inside a parallel region: x (M rows of K values, row stride lda, float32 or bfloat16
+// with x_bf16) quantised once into q, dx, bsum (and the tiles where given), then ys[i]
+// (M, wts[i].N), contiguous, = x . W_i (+ bias_i), float32 or rounded to bfloat16
+// (y_bf16); ends with a barrier, so the whole team may read ys next.
+static void linears_team(const void *x, int x_bf16, int64_t M, int64_t K, int64_t lda,
+                         int count, const gguf_weight *wts, void *const *ys, int y_bf16,
+                         tile_acts *tiles, int8_t *q, float *dx, int16_t *bsum, int scalar) {
+    int64_t ldys[8];
+    for (int i = 0; i < count; i++) ldys[i] = wts[i].N;
+    quantize_team(x, x_bf16, M, K, lda, activation_block(wts[0].type), q, dx, bsum);  // + barrier
+    if (tiles) tile_acts_team(q, dx, bsum, K, M, tiles);                            // + barrier
+    matmul_team(count, wts, K, M, q, dx, bsum, tiles, ys, ldys, y_bf16, scalar);
+#pragma omp barrier
+}
+
 // The linear layers that read the same input x (M rows of K values, row stride lda,
 // float32 or bfloat16 with x_bf16) in one parallel region: x is quantised once into q
 // (M, K), dx (M, K / block), bsum (M, K / 16), then ys[i] (M, wts[i].N), contiguous, =
@@ -1381,20 +1405,10 @@ int gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_by
 int gguf_linear(const void *x, int x_bf16, int64_t M, int64_t K, int64_t lda, int count,
                 const gguf_weight *wts, void *const *ys, int y_bf16, int8_t *q, float *dx,
                 int16_t *bsum, int scalar) {
-    if (count < 1 || count > 8) return -1;
-    const int block = activation_block(wts[0].type);
-    int64_t ldys[8];
-    for (int i = 0; i < count; i++) {
-        if (!weight_fits(&wts[i], K) || activation_block(wts[i].type) != block) return -1;
-        ldys[i] = wts[i].N;
-    }
+    if (!linears_fit(count, wts, K)) return -1;
     tile_acts *tiles = tile_acts_alloc(count, wts, K, M, scalar);
 #pragma omp parallel
-    {
-        quantize_team(x, x_bf16, M, K, lda, block, q, dx, bsum);  // ends with a barrier
-        if (tiles) tile_acts_team(q, dx, bsum, K, M, tiles);  // ends with a barrier
-        matmul_team(count, wts, K, M, q, dx, bsum, tiles, ys, ldys, y_bf16, scalar);
-    }
+    linears_team(x, x_bf16, M, K, lda, count, wts, ys, y_bf16, tiles, q, dx, bsum, scalar);
     free(tiles);
     return 0;
 }
@@ -1769,8 +1783,9 @@ static inline uint16_t bf16_add(uint16_t a, uint16_t b) {
     return float_to_bf16(bf16_to_float(a) + bf16_to_float(b));
 }
 
-static inline float silu_times(float g, float u) {
-    return round_bf16(round_bf16(g / (1.0f + exp_cephes(-g))) * u);
+// SiLU(g) rounded to bf16, times u, rounded to bf16.
+static inline uint16_t silu_times(float g, float u) {
+    return float_to_bf16(round_bf16(g / (1.0f + exp_cephes(-g))) * u);
 }
 
 #if defined(__AVX2__)
@@ -1823,7 +1838,7 @@ static void silu_mul_bf16(const uint16_t *gate, const uint16_t *up, uint16_t *ac
         store_bf16x8(act + i, _mm256_mul_ps(s, load_bf16x8(up + i)));
     }
 #endif
-    for (; i < i1; i++) act[i] = float_to_bf16(silu_times(bf16_to_float(gate[i]), bf16_to_float(up[i])));
+    for (; i < i1; i++) act[i] = silu_times(bf16_to_float(gate[i]), bf16_to_float(up[i]));
 }
 
 // y = RMSNorm(x) for one row of K bf16 values: x * (1 / sqrt(mean(x^2) + eps)) rounded
@@ -1885,28 +1900,6 @@ static void rope_head(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int
 
 enum { CHUNK = 2048 };  // elementwise values a thread takes at a time (a multiple of 8)
 
-// One projection phase inside a parallel region: x (M rows of K, row stride lda, bf16)
-// quantised, then ys[i] (M, wts[i].N) bf16 = x . W_i (+ bias_i), ending with a barrier.
-static void linear_phase(const uint16_t *x, int64_t M, int64_t K, int64_t lda, int count,
-                         const gguf_weight *wts, void *const *ys, const tile_acts *tiles_in,
-                         int8_t *q, float *dx, int16_t *bsum, int scalar) {
-    int64_t ldys[8];
-    for (int i = 0; i < count; i++) ldys[i] = wts[i].N;
-    tile_acts *tiles = (tile_acts *)tiles_in;
-    quantize_team(x, 1, M, K, lda, activation_block(wts[0].type), q, dx, bsum);  // + barrier
-    if (tiles) tile_acts_team(q, dx, bsum, K, M, tiles);                       // + barrier
-    matmul_team(count, wts, K, M, q, dx, bsum, tiles, ys, ldys, 1, scalar);
-#pragma omp barrier
-}
-
-static int phase_fits(int count, const gguf_weight *wts, int64_t K) {
-    if (count < 1 || count > 8) return 0;
-    for (int i = 0; i < count; i++)
-        if (!weight_fits(&wts[i], K) || activation_block(wts[i].type) != activation_block(wts[0].type))
-            return 0;
-    return 1;
-}
-
 // h (M, K) bf16 -> qkv[0..2] (M, N_i) bf16: RMSNorm (norm_w, eps) into xn (M, K), the
 // three projections, then RoPE (cos, sin: (M, d) bf16) on every d-value head of the
 // first two. q, dx, bsum: room for M x K quantised values. Returns -1 where a weight
@@ -1915,14 +1908,14 @@ int layer_pre(const uint16_t *h, int64_t M, int64_t K, const uint16_t *norm_w, f
               const gguf_weight *wts, void *const *qkv, const uint16_t *cos,
               const uint16_t *sin, int64_t d, uint16_t *xn, int8_t *q, float *dx,
               int16_t *bsum, int scalar) {
-    if (!phase_fits(3, wts, K) || d < 2 || d % 2 || wts[0].N % d || wts[1].N % d) return -1;
+    if (!linears_fit(3, wts, K) || d < 2 || d % 2 || wts[0].N % d || wts[1].N % d) return -1;
     tile_acts *tiles = tile_acts_alloc(3, wts, K, M, scalar);
     const int64_t hq = wts[0].N / d, hk = wts[1].N / d;
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) rms_norm_row(h + m * K, norm_w, K, eps, xn + m * K);
-        linear_phase(xn, M, K, K, 3, wts, qkv, tiles, q, dx, bsum, scalar);
+        linears_team(xn, 1, M, K, K, 3, wts, qkv, 1, tiles, q, dx, bsum, scalar);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < M * (hq + hk); i++) {
             const int64_t m = i / (hq + hk), j = i % (hq + hk);
@@ -1944,8 +1937,8 @@ int layer_post(const uint16_t *h, const uint16_t *attn, int64_t M, int64_t K, in
                uint16_t *xn, uint16_t *mid, int8_t *q, float *dx, int16_t *bsum, int scalar) {
     const gguf_weight *o = wts, *gate_up = wts + 1, *down = wts + 3;
     const int64_t I = gate_up[0].N;
-    if (o->N != K || gate_up[1].N != I || down->N != K || !phase_fits(1, o, Ka) ||
-        !phase_fits(2, gate_up, K) || !phase_fits(1, down, I))
+    if (o->N != K || gate_up[1].N != I || down->N != K || !linears_fit(1, o, Ka) ||
+        !linears_fit(2, gate_up, K) || !linears_fit(1, down, I))
         return -1;
     tile_acts *t_o = tile_acts_alloc(1, o, Ka, M, scalar);
     tile_acts *t_gu = tile_acts_alloc(2, gate_up, K, M, scalar);
@@ -1954,17 +1947,17 @@ int layer_post(const uint16_t *h, const uint16_t *attn, int64_t M, int64_t K, in
     void *o_out[1] = {xn}, *gu_out[2] = {gate, up}, *d_out[1] = {xn};
 #pragma omp parallel
     {
-        linear_phase(attn, M, Ka, Ka, 1, o, o_out, t_o, q, dx, bsum, scalar);
+        linears_team(attn, 1, M, Ka, Ka, 1, o, o_out, 1, t_o, q, dx, bsum, scalar);
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) {
             add_bf16(h, xn, out, m * K, (m + 1) * K);
             rms_norm_row(out + m * K, post_w, K, eps, xn + m * K);
         }
-        linear_phase(xn, M, K, K, 2, gate_up, gu_out, t_gu, q, dx, bsum, scalar);
+        linears_team(xn, 1, M, K, K, 2, gate_up, gu_out, 1, t_gu, q, dx, bsum, scalar);
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < (M * I + CHUNK - 1) / CHUNK; c++)
             silu_mul_bf16(gate, up, act, c * CHUNK, c * CHUNK + CHUNK < M * I ? c * CHUNK + CHUNK : M * I);
-        linear_phase(act, M, I, I, 1, down, d_out, t_d, q, dx, bsum, scalar);
+        linears_team(act, 1, M, I, I, 1, down, d_out, 1, t_d, q, dx, bsum, scalar);
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < (M * K + CHUNK - 1) / CHUNK; c++)
             add_bf16(out, xn, out, c * CHUNK, c * CHUNK + CHUNK < M * K ? c * CHUNK + CHUNK : M * K);
