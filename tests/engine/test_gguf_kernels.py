@@ -402,6 +402,7 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     x = (torch.randn(6, 512) * 5).bfloat16()
     x_many = (torch.randn(21, 512) * 5).bfloat16()  # Q4_K and Q6_K panels (from 16 rows)
     x_eight = (torch.randn(8, 512) * 5).bfloat16()  # AMX: Q4_K on tiles, Q6_K on rows
+    x_wide = (torch.randn(40, 512) * 5).bfloat16()  # AMX: Q6_K's scale digits (from 32)
     q = torch.randn(1, 2, 4, 72).bfloat16()
     k, v = torch.randn(1, 2, 9, 72).bfloat16(), torch.randn(1, 2, 9, 72).bfloat16()
     # float32 out (no rounding to hide a last-bit difference): 6 query heads per KV head,
@@ -417,6 +418,7 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
             *gk.linear_rows(x, layers),
             *gk.linear_rows(x_many, layers),
             *gk.linear_rows(x_eight, layers),
+            *gk.linear_rows(x_wide, layers),
             *gk.quantize_rows(x.float(), 32),
             *gk.quantize_rows(x.float(), 256),
             gk.attention_rows(q, k, v, None, 0.2, out_dtype=torch.bfloat16),

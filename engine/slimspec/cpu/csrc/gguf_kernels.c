@@ -931,8 +931,9 @@ static int rows_by_panels(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t
 //   each), and nibble x lo, nibble x hi (<= 105) are u8, so two tiles of 64 values
 //   (lo, hi) per 64 values give S = dot(lo) + 8 dot(hi) for the whole block: exactly
 //   the panels' sum of sc x sub-block dot, with 2 tile stores a block and no multiply.
-//   Q6_K's scales are signed 8-bit and do not fold: one tile per 16-value sub-block,
-//   each stored and scaled (vpmulld).
+//   Q6_K's scales are signed 8-bit and do not fold into u8: up to 31 rows one tile per
+//   16-value sub-block, each stored and scaled (vpmulld); from 32 rows the scales'
+//   base-8 digits fold into signed bytes (three tiles per 64 values, tdpbssd).
 // The activation rows are packed once per call (tile_acts_team); the weights block by
 // block as 16 rows reach it, used at once while in L1 for every 16 activation rows (a
 // repacked copy kept resident would cost ~3.5x the 4-bit bytes).
@@ -949,6 +950,12 @@ enum { AMX_ROWS = 16 };
 #endif
 #ifndef AMX_MIN_M_Q6K
 #define AMX_MIN_M_Q6K 10
+#endif
+// From this many rows Q6_K's scales are folded into the weights (three digit tiles), below
+// one tile per sub-block: a Q6_K 1536 x 8960 on 2 threads, sub-blocks vs digits: 0.92 vs
+// 1.30 ms at 16 rows, 1.44 vs 1.44 at 32, 2.54 vs 2.03 at 64, 10.6 vs 6.1 at 256.
+#ifndef AMX_DIGITS_MIN_M_Q6K
+#define AMX_DIGITS_MIN_M_Q6K 32
 #endif
 static int tiles_take(int type, int64_t M) {
     return (type == TYPE_Q4_K && M >= AMX_MIN_M_Q4K) || (type == TYPE_Q6_K && M >= AMX_MIN_M_Q6K);
@@ -1209,6 +1216,111 @@ static void q6k_tile_step(const q6k_tile_block *pb, const tile_acts *xb, int nr,
 }
 #undef SUB_BLOCK_TILE
 
+// Q6_K from AMX_DIGITS_MIN_M_Q6K rows: q = u - 32 in [-32, 31] and each scale written in
+// three balanced base-8 digits, sc = e0 + 8 e1 + 64 e2 with e in [-3, 4], so q x e (in
+// [-128, 124]) is a signed byte: three signed tiles of 64 values per 64 values
+// (tdpbssd) give S = C0 + 8 C1 + 64 C2 = the sum of sc x sub-block dot, the same integer
+// as above, with no offset term, three tile stores a block and one multiply. Packing
+// the three digit copies costs more than the sub-block layout, which stays below.
+enum { Q6K_DIGITS = 3 };
+typedef struct {
+    int8_t w[Q6K_DIGITS][4][AMX_ROWS][64];  // [digit][64 values][weight row][value]
+    float d[AMX_ROWS];
+} q6k_digit_block;
+
+static void q6k_pack_digits(const uint8_t *w, int64_t row_bytes, int nr, int64_t b,
+                           q6k_digit_block *pb) {
+    const __m512i low4 = _mm512_set1_epi8(0xF), two = _mm512_set1_epi8(3),
+                  off = _mm512_set1_epi8(32), odd = _mm512_set1_epi16((short)0xFF00);
+    const __m256i three = _mm256_set1_epi16(3), seven = _mm256_set1_epi16(7);
+    for (int r = 0; r < AMX_ROWS; r++) {
+        if (r >= nr) {
+            for (int e = 0; e < Q6K_DIGITS; e++)
+                for (int c = 0; c < 4; c++) _mm512_store_si512(pb->w[e][c][r], _mm512_setzero_si512());
+            pb->d[r] = 0.0f;
+            continue;
+        }
+        const block_q6_K *x = (const block_q6_K *)(w + r * row_bytes) + b;
+        // the 16 scales' digits as words (lanes 0-15; 16-31 unused)
+        __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+        __m512i dig[Q6K_DIGITS];
+        for (int e = 0; e < Q6K_DIGITS; e++) {
+            const __m256i de = _mm256_sub_epi16(_mm256_and_si256(_mm256_add_epi16(s, three), seven), three);
+            s = _mm256_srai_epi16(_mm256_sub_epi16(s, de), 3);
+            dig[e] = _mm512_castsi256_si512(de);
+        }
+        for (int h = 0; h < 2; h++) {
+            // values 128h..128h+63 (chunk 2h) and 128h+64..128h+127 (chunk 2h + 1)
+            const __m512i a = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x->ql + 64 * h))),
+                _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32)), 1);
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+            const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+            const __m512i v[2] = {
+                _mm512_or_si512(_mm512_and_si512(a, low4),
+                                _mm512_slli_epi16(_mm512_and_si512(hh, two), 4)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4),
+                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, 4), two), 4))};
+            for (int j = 0; j < 2; j++) {
+                const int c = 2 * h + j;  // 64 values: sub-blocks 4c..4c+3, one a 128-bit lane
+                const __m512i q = _mm512_sub_epi8(v[j], off), qodd = _mm512_and_si512(q, odd);
+                const __m512i pick = _mm512_inserti64x4(
+                    _mm512_inserti32x4(_mm512_set1_epi16((short)(4 * c)),
+                                       _mm_set1_epi16((short)(4 * c + 1)), 1),
+                    _mm256_inserti128_si256(_mm256_set1_epi16((short)(4 * c + 2)),
+                                            _mm_set1_epi16((short)(4 * c + 3)), 1), 1);
+                for (int e = 0; e < Q6K_DIGITS; e++) {
+                    // a byte's product with its lane's digit: the low byte of the word
+                    // product for even bytes; odd bytes alone in their word's high byte
+                    const __m512i de = _mm512_permutexvar_epi16(pick, dig[e]);
+                    _mm512_store_si512(
+                        pb->w[e][c][r],
+                        _mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAULL, _mm512_mullo_epi16(q, de),
+                                               _mm512_mullo_epi16(qodd, de)));
+                }
+            }
+        }
+        pb->d[r] = half_to_float(x->d);
+    }
+}
+
+static void q6k_digit_step(const q6k_digit_block *pb, const tile_acts *xb, int nr,
+                          float (*acc)[AMX_ROWS]) {
+    int32_t dots[Q6K_DIGITS][AMX_ROWS][AMX_ROWS] __attribute__((aligned(64)));
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (int c = 0; c < 4; c += 2) {
+        _tile_loadd(6, xb->x[16 * c], 64);
+        _tile_loadd(3, pb->w[0][c], 64);
+        _tile_loadd(4, pb->w[1][c], 64);
+        _tile_loadd(5, pb->w[2][c], 64);
+        _tile_dpbssd(0, 3, 6);
+        _tile_dpbssd(1, 4, 6);
+        _tile_dpbssd(2, 5, 6);
+        _tile_loadd(7, xb->x[16 * c + 16], 64);
+        _tile_loadd(3, pb->w[0][c + 1], 64);
+        _tile_loadd(4, pb->w[1][c + 1], 64);
+        _tile_loadd(5, pb->w[2][c + 1], 64);
+        _tile_dpbssd(0, 3, 7);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 7);
+    }
+    _tile_stored(0, dots[0], 64);
+    _tile_stored(1, dots[1], 64);
+    _tile_stored(2, dots[2], 64);
+    const __m512 xs = _mm512_load_ps(xb->dx);
+    for (int r = 0; r < nr; r++) {
+        const __m512i st = _mm512_add_epi32(
+            _mm512_load_si512(dots[0][r]),
+            _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(dots[1][r]), 3),
+                             _mm512_slli_epi32(_mm512_load_si512(dots[2][r]), 6)));
+        __m512 ac = _mm512_load_ps(acc[r]);
+        ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(xs, _mm512_set1_ps(pb->d[r])), ac);
+        _mm512_store_ps(acc[r], ac);
+    }
+}
+
 // weight_rows for Q4_K and Q6_K by AMX tiles: 16 weight rows at a time, block by block
 // (each packed once, while it stays in L1) against the packed activation rows `a`, 16
 // at a time. Returns 0 without memory (the caller goes on).
@@ -1216,13 +1328,15 @@ static int rows_by_tiles(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t 
                          const tile_acts *a, void *y, int64_t ldy, int y_bf16) {
     const int64_t nb = K / QK_K, chunks = (M + AMX_ROWS - 1) / AMX_ROWS;
     const int q4 = wt->type == TYPE_Q4_K;
+    const int digits = !q4 && M >= AMX_DIGITS_MIN_M_Q6K;
     union {
         q4k_tile_block q4;
         q6k_tile_block q6;
+        q6k_digit_block q6d;
     } pack __attribute__((aligned(64))), *p = &pack;  // one block of 16 weight rows
     float(*acc)[AMX_ROWS][AMX_ROWS] = aligned_alloc(64, (size_t)chunks * sizeof *acc);
     if (!acc) return 0;
-    amx_configure(q4 ? 64 : 16);
+    amx_configure(q4 || digits ? 64 : 16);
     for (int64_t n = n0; n < n1; n += AMX_ROWS) {
         const int nr = (int)(n1 - n < AMX_ROWS ? n1 - n : AMX_ROWS);
         const uint8_t *w = wt->w + n * wt->row_bytes;
@@ -1237,11 +1351,15 @@ static int rows_by_tiles(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t 
         for (int64_t b = 0; b < nb; b++) {
             if (q4)
                 q4k_pack_tiles(w, wt->row_bytes, nr, b, &p->q4);
+            else if (digits)
+                q6k_pack_digits(w, wt->row_bytes, nr, b, &p->q6d);
             else
                 q6k_pack_tiles(w, wt->row_bytes, nr, b, &p->q6);
             for (int64_t c = 0; c < chunks; c++) {
                 if (q4)
                     q4k_tile_step(&p->q4, a + c * nb + b, nr, acc[c]);
+                else if (digits)
+                    q6k_digit_step(&p->q6d, a + c * nb + b, nr, acc[c]);
                 else
                     q6k_tile_step(&p->q6, a + c * nb + b, nr, acc[c]);
             }
@@ -1468,6 +1586,48 @@ int gguf_dequant_rows(int type, const uint8_t *w, int64_t K, int64_t row_bytes,
 // for causal with the T queries the last T of the L keys; out (B, T, Hq, d).
 
 // A row of d values of a float32 (bf16 == 0) or bfloat16 tensor as float32 (exact).
+// e^x as Cephes' expf (range reduction by ln 2 in two parts, a degree-5 polynomial):
+// within 2 ulp, and the vector form below computes the same operations.
+#define EXP_MAX 88.3762626647949f
+static inline float exp_cephes(float x) {
+    x = fminf(fmaxf(x, -EXP_MAX), EXP_MAX);
+    const float fx = floorf(x * 1.44269504088896341f + 0.5f);
+    x = x - fx * 0.693359375f;
+    x = x - fx * -2.12194440e-4f;
+    const float z = x * x;
+    float y = 1.9875691500E-4f;
+    y = y * x + 1.3981999507E-3f;
+    y = y * x + 8.3334519073E-3f;
+    y = y * x + 4.1665795894E-2f;
+    y = y * x + 1.6666665459E-1f;
+    y = y * x + 5.0000001201E-1f;
+    y = y * z + x + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)fx + 127) << 23;
+    float p;
+    memcpy(&p, &bits, 4);
+    return y * p;
+}
+
+#if defined(__AVX2__)
+ALWAYS_INLINE __m256 exp_cephes8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-EXP_MAX)), _mm256_set1_ps(EXP_MAX));
+    const __m256 fx = _mm256_floor_ps(
+        _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
+    const __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
+}
+#endif
+
 static inline const float *row_f32(const void *base, int64_t offset, int bf16, int64_t d,
                                    float *buf) {
     if (!bf16) return (const float *)base + offset;
@@ -1660,13 +1820,25 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                     }
                     // probabilities in key order; a head that sees no key keeps zeros,
                     // as SDPA's -inf rows
+                    // (e^x by Cephes' expf, 8 lanes at a time where the build has them:
+                    // the same operations either way; a -inf score gives 0, unused)
+                    for (int64_t g = 0; g < G; g++) {
+                        if (mx[g] == -INFINITY) continue;
+                        int64_t j = 0;
+#if defined(__AVX2__)
+                        const __m256 m8 = _mm256_set1_ps(mx[g]);
+                        for (; j + 8 <= L; j += 8)
+                            _mm256_storeu_ps(pb[g] + j,
+                                             exp_cephes8(_mm256_sub_ps(_mm256_loadu_ps(sc[g] + j), m8)));
+#endif
+                        for (; j < L; j++) pb[g][j] = exp_cephes(sc[g][j] - mx[g]);
+                    }
                     for (int64_t j = 0; j < L; j++) {
                         int seen_by = 0;
                         for (int64_t g = 0; g < G; g++) {
                             const int on = mx[g] != -INFINITY && sc[g][j] != -INFINITY;
                             lvw[g][j] = (uint8_t)on;
                             if (!on) continue;
-                            pb[g][j] = expf(sc[g][j] - mx[g]);
                             sum[g] += pb[g][j];
                             seen_by++;
                         }
@@ -1753,28 +1925,6 @@ int attention_rows_f32(const float *q, const float *k, const float *v, const uin
 // -ffp-contract=off), so every build gives the same bits.
 static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
-// e^x as Cephes' expf (range reduction by ln 2 in two parts, a degree-5 polynomial):
-// within 2 ulp, and the vector form below computes the same operations.
-#define EXP_MAX 88.3762626647949f
-static inline float exp_cephes(float x) {
-    x = fminf(fmaxf(x, -EXP_MAX), EXP_MAX);
-    const float fx = floorf(x * 1.44269504088896341f + 0.5f);
-    x = x - fx * 0.693359375f;
-    x = x - fx * -2.12194440e-4f;
-    const float z = x * x;
-    float y = 1.9875691500E-4f;
-    y = y * x + 1.3981999507E-3f;
-    y = y * x + 8.3334519073E-3f;
-    y = y * x + 4.1665795894E-2f;
-    y = y * x + 1.6666665459E-1f;
-    y = y * x + 5.0000001201E-1f;
-    y = y * z + x + 1.0f;
-    const uint32_t bits = (uint32_t)((int32_t)fx + 127) << 23;
-    float p;
-    memcpy(&p, &bits, 4);
-    return y * p;
-}
-
 static inline uint16_t bf16_mul(uint16_t a, uint16_t b) {
     return float_to_bf16(bf16_to_float(a) * bf16_to_float(b));
 }
@@ -1797,23 +1947,6 @@ ALWAYS_INLINE __m256 round_bf16x8(__m256 v) {
     return load_bf16x8(h);
 }
 
-ALWAYS_INLINE __m256 exp_cephes8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-EXP_MAX)), _mm256_set1_ps(EXP_MAX));
-    const __m256 fx = _mm256_floor_ps(
-        _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
-    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-    const __m256 z = _mm256_mul_ps(x, x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
-    const __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
-}
 #endif
 
 // y[i] = x[i] + o[i] (bf16), values i0..i1-1.
