@@ -165,6 +165,8 @@ def test_each_cpu_gets_the_widest_build_it_can_run():
     avx512 = "flags\t\t: avx2 avx512f avx512bw avx512vl avx512_vnni f16c fma\n"
     zen2 = "flags\t\t: sse4_2 avx avx2 f16c fma\n"  # AMD Zen 1-3, Intel Haswell..Ice Lake client
     assert nl.build_for(avx512) == ("avx512-vnni", nl.CFLAGS)
+    sapphire = avx512.replace("\n", " amx_tile amx_int8 amx_bf16\n")
+    assert nl.build_for(sapphire) == ("amx", nl.AMX_CFLAGS)
     assert nl.build_for(zen2) == ("avx2", nl.AVX2_CFLAGS)
     assert nl.build_for(avx512.replace(" avx512_vnni", "")) == ("avx2", nl.AVX2_CFLAGS)
     assert nl.cpu_supported(zen2)
@@ -172,9 +174,11 @@ def test_each_cpu_gets_the_widest_build_it_can_run():
     assert nl.cflags(zen2) != nl.cflags(avx512)  # two libraries, two cache names
 
 
+AVX512_BUILD = nl.cpu_supported() and nl.build_for()[0] in ("amx", "avx512-vnni")  # type: ignore[index]
+
+
 @pytest.mark.skipif(
-    not nl.cpu_supported() or nl.build_for()[0] != "avx512-vnni",  # type: ignore[index]
-    reason="needs an AVX512-VNNI CPU to run both builds side by side",
+    not AVX512_BUILD, reason="needs an AVX512-VNNI CPU to run both builds side by side"
 )
 @pytest.mark.parametrize("bits", nl.QUANT_BITS)
 def test_the_avx2_build_computes_the_avx512_builds_bits(fresh_load, bits):
@@ -194,6 +198,41 @@ def test_the_avx2_build_computes_the_avx512_builds_bits(fresh_load, bits):
         x = torch.randn(m, 320, generator=gen).bfloat16()
         want = nl.NativeLowBitLinear(w, bias, LIB, bits)(x)
         assert torch.equal(nl.NativeLowBitLinear(w, bias, avx2, bits)(x), want)
+
+
+@pytest.mark.skipif(
+    not nl.cpu_supported() or nl.build_for()[0] != "amx",  # type: ignore[index]
+    reason="needs a CPU with AMX to run the tile path beside the AVX512-VNNI build",
+)
+@pytest.mark.parametrize("bits", nl.QUANT_BITS)
+def test_the_amx_tiles_give_the_avx512_builds_bits(fresh_load, bits):
+    """From 16 activation rows (a prefill) the AMX build multiplies by tiles; its
+    integers and float steps are the vpdpbusd path's, so a draft's prefill is the same
+    on an AMX node as on any AVX512-VNNI node: with the RMSNorm and SiLU-gate
+    prologues, a residual add, a bias, a partial last block and partial row groups."""
+    import ctypes
+
+    cc = nl._compiler()
+    assert cc is not None and LIB is not None
+    vnni_path = fresh_load / "vnni.so"
+    nl._build(cc, vnni_path, nl.CFLAGS)
+    vnni = nl._bind(ctypes.CDLL(str(vnni_path)))
+    gen = torch.Generator().manual_seed(bits)
+    w = torch.randn(52, 320, generator=gen) * 0.05  # 3 blocks of 16 rows and one of 4
+    bias = torch.randn(52, generator=gen).bfloat16()
+    norm = (1 + 0.1 * torch.randn(320, generator=gen)).bfloat16()
+    tiles, vec = (nl.NativeLowBitLinear(w, bias, lib, bits) for lib in (LIB, vnni))
+    for m in (15, 16, 17, 40, 64):
+        x = torch.randn(m, 320, generator=gen).bfloat16()
+        gate_up = torch.randn(m, 640, generator=gen).bfloat16()
+        assert torch.equal(tiles(x), vec(x))
+        assert torch.equal(tiles.fused(x, norm=norm, eps=1e-6), vec.fused(x, norm=norm, eps=1e-6))
+        assert torch.equal(tiles.fused(gate_up, silu_gate=True), vec.fused(gate_up, silu_gate=True))
+        h = torch.randn(m, 52, generator=gen).bfloat16()
+        got, want = h.clone(), h.clone()
+        tiles.fused(x, residual=got)
+        vec.fused(x, residual=want)
+        assert torch.equal(got, want)
 
 
 def test_switched_off_by_environment(fresh_load, monkeypatch):

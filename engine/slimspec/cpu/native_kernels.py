@@ -70,10 +70,17 @@ CFLAGS = (  # the AVX512-VNNI build
     "-fopenmp",
 )
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+# the AVX512-VNNI build plus AMX tiles for prefill-sized products (the same bits)
+AMX_CFLAGS = (*CFLAGS, "-mamx-tile", "-mamx-int8")
+AMX_CPU_FLAGS = (*REQUIRED_CPU_FLAGS, "amx_tile", "amx_int8")
 AVX2_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
 # (name, flags, the CPU flags the build needs), the first that the CPU has wins
-BUILDS = (("avx512-vnni", CFLAGS, REQUIRED_CPU_FLAGS), ("avx2", AVX2_CFLAGS, AVX2_CPU_FLAGS))
+BUILDS = (
+    ("amx", AMX_CFLAGS, AMX_CPU_FLAGS),
+    ("avx512-vnni", CFLAGS, REQUIRED_CPU_FLAGS),
+    ("avx2", AVX2_CFLAGS, AVX2_CPU_FLAGS),
+)
 BF16_CPU_FLAG = "avx512_bf16"
 ENV_SWITCH = "SLIMSPEC_NATIVE_KERNELS"
 # Libraries compiled ahead of time for this source (the engine image's build stage; its
@@ -108,7 +115,7 @@ def cflags(cpuinfo: str | None = None) -> tuple[str, ...]:
 
 
 def path() -> str:
-    """Which build the drafts run here ('avx512-vnni', 'avx2'), or 'off' (aten)."""
+    """Which build the drafts run here ('amx', 'avx512-vnni', 'avx2'), or 'off' (aten)."""
     found = build_for()
     return found[0] if found is not None and load() is not None else "off"
 
@@ -200,7 +207,7 @@ def bf16_available() -> bool:
     lib = load()
     with _lock:
         if "bf16" not in _loaded:
-            avx512 = cflags() == CFLAGS
+            avx512 = cflags() in (CFLAGS, AMX_CFLAGS)
             _loaded["bf16"] = bool(
                 lib is not None and avx512 and cpu_has_bf16() and _self_check(lib, 16)
             )

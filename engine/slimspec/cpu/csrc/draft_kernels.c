@@ -22,6 +22,7 @@
 // outputs are bfloat16; int32 within a group, float across.
 
 #include <immintrin.h>
+#include <omp.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024 // software prefetch distance in the weight stream
 #endif
+#define QUANTIZE_TEAM_MIN_M 16  // from this many rows the threads quantise them together
 
 static inline float bf16_to_f32(uint16_t v) {
     uint32_t bits = (uint32_t)v << 16;
@@ -246,6 +248,122 @@ static inline __attribute__((always_inline)) void block_lowbit(
     for (int64_t i = 0; i < mc; i++)
         store_block16(y, n_out, m0 + i, n0, valid, acc[i], bias, accumulate);
 }
+
+#if defined(__AMX_INT8__)
+// ---------------------------------------------- AMX tiles (Intel since Sapphire Rapids)
+// From DRAFT_AMX_MIN_M activation rows (prefill) a block of 16 weight rows meets 16
+// activation rows per group in one tile product: the group's 16 x 64 int8 activations
+// are tile A as quantize_rows left them (row stride k), the block's group is tile B as
+// it is stored (bits = 8: vector p holds inputs 4p..4p+3 of the 16 rows, which is B's
+// layout; bits = 4: its nibbles spread to bytes first, low ones rows 0-7, high ones
+// 8-15), and tdpbsud (signed x unsigned) leaves each activation row's 16 dots in a row
+// of C: the integers block_lowbit's vpdpbusd sums give, with the same float steps after,
+// so the tiles change no bit. Below that many rows the spread costs more than it saves.
+#include <sys/syscall.h>
+#include <unistd.h>
+#ifndef DRAFT_AMX_MIN_M
+#define DRAFT_AMX_MIN_M 16
+#endif
+
+// Linux hands a thread the 8 KB tile state only once the process has asked for it.
+static int draft_amx_state = -1;  // -1: not asked yet, 0: refused, 1: granted
+static int draft_amx_usable(void) {
+    int s = __atomic_load_n(&draft_amx_state, __ATOMIC_ACQUIRE);
+    if (s < 0) {
+        // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA (asking twice is harmless)
+        s = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+        __atomic_store_n(&draft_amx_state, s, __ATOMIC_RELEASE);
+    }
+    return s;
+}
+
+// Tiles 0 and 1: C (16 x 16 int32), 2 and 4: A, 3 and 5: B, all 16 rows x 64 bytes.
+static void draft_amx_configure(void) {
+    struct {
+        uint8_t palette_id, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } c;
+    memset(&c, 0, sizeof c);
+    c.palette_id = 1;
+    for (int t = 0; t < 6; t++) c.rows[t] = 16, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+// Group g's float steps for activation rows m0..m0+T-1 from its stored dots, as
+// block_lowbit's.
+static inline __attribute__((always_inline)) void tile_group_floats(
+    const int32_t (*dots)[LOWBIT_ROWS], const uint16_t *sblk, const uint16_t *lblk, int64_t g,
+    int64_t groups, const float *xs, const float *xsum, int64_t m0, int T, __m512 *acc) {
+    const __m512 s16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sblk + g * LOWBIT_ROWS)));
+    const __m512 l16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(lblk + g * LOWBIT_ROWS)));
+    for (int i = 0; i < T; i++) {
+        const int64_t mg = (m0 + i) * groups + g;
+        const __m512 sx = _mm512_mul_ps(s16, _mm512_set1_ps(xs[mg]));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots[i])), sx, acc[i]);
+        acc[i] = _mm512_fmadd_ps(l16, _mm512_set1_ps(xsum[mg]), acc[i]);
+    }
+}
+
+// One block of 16 weight rows against all m_rows activation rows (xq readable up to a
+// multiple of 16 rows). wbuf: the block's groups as tiles B, 1 KB a group (bits = 4).
+static void block_lowbit_tiles(int bits, const uint8_t *wblk, const uint16_t *sblk,
+                               const uint16_t *lblk, int64_t n0, int valid, int64_t k,
+                               const int8_t *xq, const float *xs, const float *xsum,
+                               int64_t m_rows, const uint16_t *bias, uint16_t *y, int64_t n_out,
+                               int accumulate, uint8_t *wbuf) {
+    const int64_t groups = k / GROUP;
+    const uint8_t *wt = wblk;
+    if (bits == 4) {
+        const __m512i nib = _mm512_set1_epi8(0x0f);
+        for (int64_t g = 0; g < groups; g++)
+            for (int p = 0; p < 8; p++) {
+                const __m512i w = _mm512_loadu_si512((const void *)(wblk + g * 512 + 64 * p));
+                _mm512_store_si512(wbuf + g * 1024 + 64 * p, _mm512_and_si512(w, nib));
+                _mm512_store_si512(wbuf + g * 1024 + 64 * (8 + p),
+                                   _mm512_and_si512(_mm512_srli_epi16(w, 4), nib));
+            }
+        wt = wbuf;
+    }
+    int32_t dots[2][16][LOWBIT_ROWS] __attribute__((aligned(64)));
+    for (int64_t m0 = 0; m0 < m_rows; m0 += 16) {
+        const int T = (int)(m_rows - m0 < 16 ? m_rows - m0 : 16);
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        const int8_t *xa = xq + m0 * k;
+        // two groups at a time in two accumulators: one group's float steps run while
+        // the tile unit multiplies the next
+        int64_t g = 0;
+        for (; g + 2 <= groups; g += 2) {
+            _tile_zero(0);
+            _tile_loadd(2, xa + g * GROUP, k);
+            _tile_loadd(3, wt + g * 1024, 64);
+            _tile_dpbsud(0, 2, 3);
+            _tile_zero(1);
+            _tile_loadd(4, xa + (g + 1) * GROUP, k);
+            _tile_loadd(5, wt + (g + 1) * 1024, 64);
+            _tile_dpbsud(1, 4, 5);
+            _tile_stored(0, dots[0], 64);
+            tile_group_floats((const int32_t(*)[LOWBIT_ROWS])dots[0], sblk, lblk, g, groups, xs,
+                              xsum, m0, T, acc);
+            _tile_stored(1, dots[1], 64);
+            tile_group_floats((const int32_t(*)[LOWBIT_ROWS])dots[1], sblk, lblk, g + 1, groups,
+                              xs, xsum, m0, T, acc);
+        }
+        if (g < groups) {
+            _tile_zero(0);
+            _tile_loadd(2, xa + g * GROUP, k);
+            _tile_loadd(3, wt + g * 1024, 64);
+            _tile_dpbsud(0, 2, 3);
+            _tile_stored(0, dots[0], 64);
+            tile_group_floats((const int32_t(*)[LOWBIT_ROWS])dots[0], sblk, lblk, g, groups, xs,
+                              xsum, m0, T, acc);
+        }
+        for (int i = 0; i < T; i++)
+            store_block16(y, n_out, m0 + i, n0, valid, acc[i], bias, accumulate);
+    }
+}
+#endif
 
 // bf16 weights: vdpbf16ps multiplies 32 bf16 pairs into 16 float lanes.
 __attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
@@ -720,7 +838,8 @@ int lowbit_gemm_bf16(const uint16_t *x, int64_t m_rows, int64_t k, const uint8_t
         return -2;  // the AVX2 build has no bf16-weight kernel
 #endif
     }
-    int8_t *xq = (int8_t *)aligned_alloc(64, (size_t)(m_rows * k + 64));
+    // rows padded to a multiple of 16: the tiles read whole 16-row groups
+    int8_t *xq = (int8_t *)aligned_alloc(64, (size_t)(((m_rows + 15) / 16 * 16) * k + 64));
     float *xs = (float *)malloc(sizeof(float) * (size_t)(m_rows * groups));
     float *xsum = (float *)malloc(sizeof(float) * (size_t)(m_rows * groups));
     if (!xq || !xs || !xsum) {
@@ -730,9 +849,70 @@ int lowbit_gemm_bf16(const uint16_t *x, int64_t m_rows, int64_t k, const uint8_t
         free(v);
         return -1;
     }
-    quantize_rows(x, m_rows, k, prologue, norm_w, eps, v, xq, xs, xsum);
+    if (m_rows < QUANTIZE_TEAM_MIN_M) {
+        quantize_rows(x, m_rows, k, prologue, norm_w, eps, v, xq, xs, xsum);
+    } else {  // prefill: each thread its own rows (the SiLU gate's exp is not cheap)
+        const int64_t width = prologue == PROLOGUE_SILU_GATE ? 2 * k : k;
+        int failed = 0;
+#pragma omp parallel
+        {
+            float *vt = (float *)malloc(sizeof(float) * (size_t)k);
+            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+            const int64_t r0 = m_rows * t / nt, r1 = m_rows * (t + 1) / nt;
+            if (!vt) {
+#pragma omp atomic write
+                failed = 1;
+            } else if (r1 > r0) {
+                quantize_rows(x + r0 * width, r1 - r0, k, prologue, norm_w, eps, vt, xq + r0 * k,
+                              xs + r0 * groups, xsum + r0 * groups);
+            }
+            free(vt);
+        }
+        if (failed) {
+            free(xq);
+            free(xs);
+            free(xsum);
+            free(v);
+            return -1;
+        }
+    }
     free(v);
     int64_t blocks = (n_out + LOWBIT_ROWS - 1) / LOWBIT_ROWS;
+#if defined(__AMX_INT8__)
+    if (m_rows >= DRAFT_AMX_MIN_M && draft_amx_usable()) {
+        int failed = 0;
+#pragma omp parallel
+        {
+            uint8_t *wbuf = bits == 4 ? (uint8_t *)aligned_alloc(64, (size_t)(groups * 1024)) : NULL;
+            if (bits == 4 && !wbuf) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp barrier
+            int none;  // every thread takes the loop below, or none does
+#pragma omp atomic read
+            none = failed;
+            if (!none) {
+                draft_amx_configure();
+#pragma omp for schedule(static)
+                for (int64_t blk = 0; blk < blocks; blk++) {
+                    const int64_t n0 = blk * LOWBIT_ROWS;
+                    block_lowbit_tiles(bits, wq + blk * LOWBIT_ROWS * (k * bits / 8),
+                                       scale + blk * LOWBIT_ROWS * groups,
+                                       low + blk * LOWBIT_ROWS * groups, n0,
+                                       (int)(n_out - n0 < LOWBIT_ROWS ? n_out - n0 : LOWBIT_ROWS),
+                                       k, xq, xs, xsum, m_rows, bias, y, n_out, accumulate, wbuf);
+                }
+                _tile_release();
+            }
+            free(wbuf);
+        }
+        free(xq);
+        free(xs);
+        free(xsum);
+        return failed ? -1 : 0;
+    }
+#endif
 #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; blk++) {
         const uint8_t *wblk = wq + blk * LOWBIT_ROWS * (k * bits / 8);
