@@ -1114,13 +1114,14 @@ static void q4k_tile_step(const q4k_tile_block *pb, const tile_acts *xb, int nr,
     _tile_stored(0, dots[0], 64);
     _tile_stored(1, dots[1], 64);
     const __m512 xs = _mm512_load_ps(xb->dx);
+    __m512i bs[4];  // loaded once: the stores to acc below may alias them for the compiler
+    for (int pr = 0; pr < 4; pr++) bs[pr] = _mm512_load_si512(xb->bs32[pr]);
     for (int r = 0; r < nr; r++) {
         const __m512i s = _mm512_add_epi32(_mm512_load_si512(dots[0][r]),
                                            _mm512_slli_epi32(_mm512_load_si512(dots[1][r]), 3));
         __m512i m = _mm512_setzero_si512();
         for (int pr = 0; pr < 4; pr++)
-            m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32(pb->mn[r][pr]),
-                                    _mm512_load_si512(xb->bs32[pr]));
+            m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32(pb->mn[r][pr]), bs[pr]);
         __m512 ac = _mm512_load_ps(acc[r]);
         ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(xs, _mm512_set1_ps(pb->d[r])), ac);
         ac = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m),
@@ -1321,6 +1322,32 @@ static void q6k_digit_step(const q6k_digit_block *pb, const tile_acts *xb, int n
     }
 }
 
+// v[i] <- column i of the 16 x 16 floats whose rows v holds (unpacks within 128-bit
+// lanes, then lane shuffles).
+static inline void transpose16(__m512 *v) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    // v[4i + j], lane L: column 4L + j of rows 4i..4i+3
+    for (int i = 0; i < 4; i++) {
+        v[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        v[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        v[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        v[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            t[8 * i + j] = _mm512_shuffle_f32x4(v[8 * i + j], v[8 * i + 4 + j], 0x88);
+            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(v[8 * i + j], v[8 * i + 4 + j], 0xDD);
+        }
+    for (int j = 0; j < 8; j++) {
+        v[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+        v[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+    }
+}
+
 // weight_rows for Q4_K and Q6_K by AMX tiles: 16 weight rows at a time, block by block
 // (each packed once, while it stays in L1) against the packed activation rows `a`, 16
 // at a time. Returns 0 without memory (the caller goes on).
@@ -1368,7 +1395,21 @@ static int rows_by_tiles(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t 
             const int64_t m = c * AMX_ROWS;
             const int T = (int)(M - m < AMX_ROWS ? M - m : AMX_ROWS);
             // acc[c] holds the weight rows in its rows: each activation row's outputs are
-            // a column, gathered 8 at a time
+            // a column, transposed into rows where all 16 weight rows are real
+            if (nr == AMX_ROWS) {
+                __m512 v[AMX_ROWS];
+                for (int r = 0; r < AMX_ROWS; r++) v[r] = _mm512_load_ps(acc[c][r]);
+                transpose16(v);
+                for (int t = 0; t < T; t++) {
+                    const float *bias = wt->bias ? wt->bias + n : NULL;
+                    put_outputs8(y, y_bf16, (m + t) * ldy + n, _mm512_castps512_ps256(v[t]), bias);
+                    put_outputs8(y, y_bf16, (m + t) * ldy + n + 8,
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v[t]), 1)),
+                                 bias ? bias + 8 : NULL);
+                }
+                continue;
+            }
+            // (else) gathered 8 at a time
             const __m256i column = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                                       _mm256_set1_epi32(AMX_ROWS));
             for (int t = 0; t < T; t++) {
