@@ -1778,6 +1778,76 @@ ALWAYS_INLINE void group_values(float *const *o, const int GN, const int CH, con
         for (int c = 0; c < CH; c++) _mm256_storeu_ps(o[g] + i + 8 * c, acc[g][c]);
 }
 
+#if defined(__AVX512F__)
+ALWAYS_INLINE __m512 load16_f32(const void *base, int64_t row, int bf16, int64_t i) {
+    if (!bf16) return _mm512_loadu_ps((const float *)base + row + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + row + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// group_values with 16 lanes a vector (AVX512 builds): each element's sum is still its
+// own chain of FMAs in key order, so the bits are group_values'.
+ALWAYS_INLINE void group_values16(float *const *o, const int GN, const float *const *p,
+                                  const uint8_t *const *live, const uint8_t *all_live,
+                                  const void *v, int64_t vh, int64_t vsl, int bf16, int64_t L,
+                                  int64_t i) {
+    __m512 acc[8][2];
+    for (int g = 0; g < GN; g++) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < L; j++) {
+        if (all_live[j] == 0) continue;  // no head sees this key
+        const __m512 v0 = load16_f32(v, vh + j * vsl, bf16, i);
+        const __m512 v1 = load16_f32(v, vh + j * vsl, bf16, i + 16);
+        for (int g = 0; g < GN; g++) {
+            if (all_live[j] == 1 && !live[g][j]) continue;  // some heads see it: ask each
+            const __m512 pv = _mm512_set1_ps(p[g][j]);
+            acc[g][0] = _mm512_fmadd_ps(pv, v0, acc[g][0]);
+            acc[g][1] = _mm512_fmadd_ps(pv, v1, acc[g][1]);
+        }
+    }
+    for (int g = 0; g < GN; g++) {
+        _mm512_storeu_ps(o[g] + i, acc[g][0]);
+        _mm512_storeu_ps(o[g] + i + 16, acc[g][1]);
+    }
+}
+// group_scores for two keys at once, key j in lanes 0-7 and key j + 1 in lanes 8-15 of
+// each head's accumulator (qd: each head's q row with every 8 values written twice):
+// every key keeps dot_f32's lanes, FMAs and lane additions, so the bits are
+// group_scores'.
+ALWAYS_INLINE void group_scores_pair(const float *const *qr, const float *const *qd,
+                                     const int GN, const void *k, int64_t krow0, int64_t krow1,
+                                     int bf16, int64_t d, float scale, float *out0, float *out1) {
+    __m512 acc[8];
+    for (int g = 0; g < GN; g++) acc[g] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        const __m512 kv = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castpd256_pd512(_mm256_castps_pd(load8_f32(k, krow0, bf16, i))),
+            _mm256_castps_pd(load8_f32(k, krow1, bf16, i)), 1));
+        for (int g = 0; g < GN; g++) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qd[g] + 2 * i), kv, acc[g]);
+    }
+    for (int g = 0; g < GN; g++) {
+        // dot_lanes_total in each half: (lanes 0-3) + (4-7), then + the pair 2 apart, then
+        // + the neighbour
+        __m512 h = _mm512_add_ps(acc[g], _mm512_shuffle_f32x4(acc[g], acc[g], _MM_SHUFFLE(2, 3, 0, 1)));
+        h = _mm512_add_ps(h, _mm512_permute_ps(h, _MM_SHUFFLE(1, 0, 3, 2)));
+        h = _mm512_add_ps(h, _mm512_permute_ps(h, _MM_SHUFFLE(2, 3, 0, 1)));
+        float s0 = _mm512_cvtss_f32(h), s1 = _mm_cvtss_f32(_mm512_extractf32x4_ps(h, 2));
+        for (int64_t e = i; e < d; e++) {
+            const float k0 = bf16 ? bf16_to_float(((const uint16_t *)k)[krow0 + e]) : ((const float *)k)[krow0 + e];
+            const float k1 = bf16 ? bf16_to_float(((const uint16_t *)k)[krow1 + e]) : ((const float *)k)[krow1 + e];
+            s0 += qr[g][e] * k0;
+            s1 += qr[g][e] * k1;
+        }
+        out0[g] = scale * s0;
+        out1[g] = scale * s1;
+    }
+}
+#define SCORES2(qr_, qd_, k_, kr0_, kr1_, bf_, d_, sc_, o0_, o1_, GN) \
+    group_scores_pair(qr_, qd_, GN, k_, kr0_, kr1_, bf_, d_, sc_, o0_, o1_)
+#define VALUES32(o_, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_, GN) \
+    group_values16(o_, GN, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_)
+#endif
+
 #define SCORES(qr_, k_, kr_, bf_, d_, sc_, out_, GN) group_scores(qr_, GN, k_, kr_, bf_, d_, sc_, out_)
 #define VALUES2(o_, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_, GN) \
     group_values(o_, GN, 2, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_)
@@ -1804,7 +1874,7 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
         // per query head of a group: scores and probabilities (2 L), its q row and its
         // output (2 d), which keys it sees (L bytes); one key or value row (d); the keys
         // seen by all, some or none of the group (L bytes)
-        const size_t floats = (size_t)(G * (2 * ls + 2 * d) + d);
+        const size_t floats = (size_t)(G * (2 * ls + 2 * d) + d + 2 * G * d);
         float *s = (float *)malloc(sizeof(float) * floats + (size_t)((G + 1) * ls));
         if (!s) {
 #pragma omp atomic write
@@ -1821,6 +1891,7 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                     // sequence it has alone, so the bits do not depend on the grouping.
                     float *kvbuf = s + G * (2 * ls + 2 * d);
                     uint8_t *all_live = (uint8_t *)(s + floats);
+                    float *qdup = kvbuf + d;  // G rows of 2 d: q rows, 8 values twice
                     const float *qr[G];
                     float *o[G], *sc[G], *pb[G];
                     uint8_t *lvw[G];
@@ -1839,12 +1910,46 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                         mx[g] = -INFINITY;
                         sum[g] = 0.0f;
                     }
+#if defined(__AVX512F__)
+                    const float *qd[G];
+                    for (int64_t g = 0; g < G; g++) {
+                        float *row = qdup + g * 2 * d;
+                        for (int64_t e = 0; e + 8 <= d; e += 8) {
+                            memcpy(row + 2 * e, qr[g] + e, 8 * sizeof(float));
+                            memcpy(row + 2 * e + 8, qr[g] + e, 8 * sizeof(float));
+                        }
+                        qd[g] = row;
+                    }
+#else
+                    (void)qdup;
+#endif
                     for (int64_t j = 0; j < L; j++) {
                         const int seen = ok ? ok[j] != 0 : j <= last;
                         if (!seen) {
                             for (int64_t g = 0; g < G; g++) sc[g][j] = -INFINITY;
                             continue;
                         }
+#if defined(__AVX512F__)
+                        // the next key seen too: both in one pass
+                        if (j + 1 < L && (ok ? ok[j + 1] != 0 : j + 1 <= last)) {
+                            for (int64_t g0 = 0; g0 < G; g0 += 8) {
+                                float part0[8], part1[8];
+                                const int gn = (int)(G - g0 < 8 ? G - g0 : 8);
+                                BY_ROWS(SCORES2, gn, qr + g0, qd + g0, k, kh + j * ksl,
+                                        kh + (j + 1) * ksl, in_bf16, d, scale, part0, part1)
+                                for (int g = 0; g < gn; g++) {
+                                    sc[g0 + g][j] = part0[g];
+                                    sc[g0 + g][j + 1] = part1[g];
+                                }
+                            }
+                            for (int64_t g = 0; g < G; g++) {
+                                if (sc[g][j] > mx[g]) mx[g] = sc[g][j];
+                                if (sc[g][j + 1] > mx[g]) mx[g] = sc[g][j + 1];
+                            }
+                            j++;
+                            continue;
+                        }
+#endif
 #if defined(__AVX2__)
                         for (int64_t g0 = 0; g0 < G; g0 += 8) {
                             float part[8];
@@ -1890,6 +1995,13 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                     for (int64_t g0 = 0; g0 < G; g0 += 8) {
                         const int gn = (int)(G - g0 < 8 ? G - g0 : 8);
                         int64_t e = 0;
+#if defined(__AVX512F__)
+                        if (gn <= 6)  // two 16-lane vectors per head fit the 32 registers
+                            for (; e + 32 <= d; e += 32)
+                                BY_ROWS(VALUES32, gn, o + g0, (const float *const *)(pb + g0),
+                                         (const uint8_t *const *)(lvw + g0),
+                                         all_live, v, vh, vsl, in_bf16, L, e)
+#endif
                         if (gn <= 6)  // two vectors per head still fit the registers
                             for (; e + 16 <= d; e += 16)
                                 BY_ROWS(VALUES2, gn, o + g0, (const float *const *)(pb + g0),
