@@ -435,6 +435,58 @@ def test_every_narrower_build_gives_the_loaded_builds_bits(tmp_path, build):
     assert all(torch.equal(a, b) for a, b in zip(simd, scalar, strict=True))
 
 
+GLUE_HARNESS = r"""
+#include SOURCE
+#include <stdio.h>
+/* every bf16 gate value (NaN, infinities, subnormals included) through SiLU x up, the
+   residual add and RMSNorm rows of several widths, folded into one hash */
+int main(void) {
+    enum { N = 65536 };
+    static uint16_t gate[N], up[N], act[N], x[N], y[N], out[N];
+    uint32_t h = 0;
+    for (int u = 0; u < 4; u++) {
+        for (int i = 0; i < N; i++) {
+            gate[i] = (uint16_t)i;
+            up[i] = (uint16_t)((i * 2654435761u >> 7) + u * 977);
+            x[i] = (uint16_t)(i * 40503u + u);
+        }
+        silu_mul_bf16(gate, up, act, 0, N);
+        add_bf16(x, up, y, 0, N);
+        for (int r = 0; r < N / 1024; r++)
+            rms_norm_row(x + 1024 * r, up + 1024 * r, 1000 + r % 24, 1e-6f, out + 1024 * r);
+        for (int i = 0; i < N; i++) h = h * 31 + act[i] * 7 + y[i] * 13 + out[i];
+    }
+    printf("%08x\n", h);
+    return 0;
+}
+"""
+
+
+def test_the_glues_elementwise_steps_give_every_builds_bits(tmp_path):
+    """SiLU x up, the residual add and RMSNorm (16 lanes in the AVX512 builds, 8 in AVX2,
+    one at a time in the portable C) on every bf16 gate value: the same bits in every
+    build this CPU runs. A layer's output alone would hide a flipped bf16 step behind
+    the next projection's int8 quantisation."""
+    import subprocess
+
+    from slimspec.cpu import clib
+
+    cc = clib.compiler()
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    src = tmp_path / "harness.c"
+    src.write_text(GLUE_HARNESS.replace("SOURCE", f'"{gk.SOURCE}"'))
+    hashes = {}
+    for name, flags, needs, _simd in gk.BUILDS:
+        if not all(f in clib.cpu_flags() for f in needs):
+            continue
+        exe = tmp_path / name
+        subprocess.run([cc, *flags, str(src), "-o", str(exe), "-lm"], check=True, timeout=300)
+        hashes[name] = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    assert "portable" in hashes and len(hashes) >= 2
+    assert len(set(hashes.values())) == 1, hashes
+
+
 def test_a_library_built_ahead_loads_without_a_compiler(monkeypatch, tmp_path):
     """The engine image: the build stage compiles for the source and flags, the runtime
     (no compiler, read-only) loads that library and compiles nothing."""

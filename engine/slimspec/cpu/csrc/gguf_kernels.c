@@ -2102,9 +2102,51 @@ ALWAYS_INLINE __m256 round_bf16x8(__m256 v) {
 
 #endif
 
+#if defined(__AVX512F__)
+// 16-lane forms for the AVX512 builds: float_to_bf16's integer steps in registers (the
+// 8-lane round trip goes through memory), the same bits lane for lane.
+ALWAYS_INLINE __m512i bf16_bits16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(h, nan, _mm512_set1_epi32(0x7fc0));
+}
+ALWAYS_INLINE __m512 load_bf16x16(const uint16_t *p) { return load16_f32(p, 0, 1, 0); }
+ALWAYS_INLINE void store_bf16x16(uint16_t *p, __m512 v) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(bf16_bits16(v)));
+}
+ALWAYS_INLINE __m512 round_bf16x16(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(v), 16));
+}
+ALWAYS_INLINE __m512 exp_cephes16(__m512 x) {  // exp_cephes8's operations
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-EXP_MAX)), _mm512_set1_ps(EXP_MAX));
+    const __m512 fx = _mm512_roundscale_ps(
+        _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _mm512_set1_ps(0.5f)),
+        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, _mm512_set1_ps(0.693359375f)));
+    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, _mm512_set1_ps(-2.12194440e-4f)));
+    const __m512 z = _mm512_mul_ps(x, x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, z), x), _mm512_set1_ps(1.0f));
+    const __m512i n = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(n, 23)));
+}
+#endif
+
 // y[i] = x[i] + o[i] (bf16), values i0..i1-1.
 static void add_bf16(const uint16_t *x, const uint16_t *o, uint16_t *y, int64_t i0, int64_t i1) {
     int64_t i = i0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= i1; i += 16)
+        store_bf16x16(y + i, _mm512_add_ps(load_bf16x16(x + i), load_bf16x16(o + i)));
+#endif
 #if defined(__AVX2__)
     for (; i + 8 <= i1; i += 8)
         store_bf16x8(y + i, _mm256_add_ps(load_bf16x8(x + i), load_bf16x8(o + i)));
@@ -2116,6 +2158,15 @@ static void add_bf16(const uint16_t *x, const uint16_t *o, uint16_t *y, int64_t 
 static void silu_mul_bf16(const uint16_t *gate, const uint16_t *up, uint16_t *act, int64_t i0,
                           int64_t i1) {
     int64_t i = i0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= i1; i += 16) {
+        const __m512 g = load_bf16x16(gate + i);
+        const __m512 e = exp_cephes16(_mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int)0x80000000u))));
+        const __m512 s = round_bf16x16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        store_bf16x16(act + i, _mm512_mul_ps(s, load_bf16x16(up + i)));
+    }
+#endif
 #if defined(__AVX2__)
     for (; i + 8 <= i1; i += 8) {
         const __m256 g = load_bf16x8(gate + i);
@@ -2148,6 +2199,13 @@ static void rms_norm_row(const uint16_t *x, const uint16_t *w, int64_t K, float 
     }
     const float r = 1.0f / sqrtf(lanes_total(part) / (float)K + eps);
     i = 0;
+#if defined(__AVX512F__)
+    const __m512 vr16 = _mm512_set1_ps(r);
+    for (; i + 16 <= K; i += 16) {
+        const __m512 n = round_bf16x16(_mm512_mul_ps(load_bf16x16(x + i), vr16));
+        store_bf16x16(y + i, _mm512_mul_ps(load_bf16x16(w + i), n));
+    }
+#endif
 #if defined(__AVX2__)
     const __m256 vr = _mm256_set1_ps(r);
     for (; i + 8 <= K; i += 8) {
