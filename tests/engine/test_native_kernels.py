@@ -8,7 +8,9 @@ decoder's output with them is in test_draft_fast_fused.py.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,6 +176,14 @@ def test_each_cpu_gets_the_widest_build_it_can_run():
     assert nl.cflags(zen2) != nl.cflags(avx512)  # two libraries, two cache names
 
 
+def build_beside(path: Path, flags: tuple[str, ...]) -> ctypes.CDLL:
+    """Another build of the kernels' source, compiled and bound beside the loaded one."""
+    cc = nl._compiler()
+    assert cc is not None and LIB is not None
+    nl._build(cc, path, flags)
+    return nl._bind(ctypes.CDLL(str(path)))
+
+
 AVX512_BUILD = nl.cpu_supported() and nl.build_for()[0] in ("amx", "avx512-vnni")  # type: ignore[index]
 
 
@@ -184,13 +194,7 @@ AVX512_BUILD = nl.cpu_supported() and nl.build_for()[0] in ("amx", "avx512-vnni"
 def test_the_avx2_build_computes_the_avx512_builds_bits(fresh_load, bits):
     """Same int8 activations, exact integer sums, the same float update per output:
     an AVX2 node and an AVX512 node give a draft the same products."""
-    import ctypes
-
-    cc = nl._compiler()
-    assert cc is not None and LIB is not None
-    avx2_path = fresh_load / "avx2.so"
-    nl._build(cc, avx2_path, nl.AVX2_CFLAGS)
-    avx2 = nl._bind(ctypes.CDLL(str(avx2_path)))
+    avx2 = build_beside(fresh_load / "avx2.so", nl.AVX2_CFLAGS)
     gen = torch.Generator().manual_seed(bits)
     w = torch.randn(72, 320, generator=gen) * 0.05
     bias = torch.randn(72, generator=gen).bfloat16()
@@ -210,13 +214,7 @@ def test_the_amx_tiles_give_the_avx512_builds_bits(fresh_load, bits):
     integers and float steps are the vpdpbusd path's, so a draft's prefill is the same
     on an AMX node as on any AVX512-VNNI node: with the RMSNorm and SiLU-gate
     prologues, a residual add, a bias, a partial last block and partial row groups."""
-    import ctypes
-
-    cc = nl._compiler()
-    assert cc is not None and LIB is not None
-    vnni_path = fresh_load / "vnni.so"
-    nl._build(cc, vnni_path, nl.CFLAGS)
-    vnni = nl._bind(ctypes.CDLL(str(vnni_path)))
+    vnni = build_beside(fresh_load / "vnni.so", nl.CFLAGS)
     gen = torch.Generator().manual_seed(bits)
     w = torch.randn(52, 320, generator=gen) * 0.05  # 3 blocks of 16 rows and one of 4
     bias = torch.randn(52, generator=gen).bfloat16()
