@@ -282,10 +282,25 @@ def engine_seconds(base: str) -> dict[str, float]:
     return out
 
 
+def flush_prefix_caches(app: Any) -> None:
+    """Empty every engine's prefix cache (same size): the windows send the same distinct
+    prompts, so a window would otherwise start with the earlier windows' prefixes stored
+    and measure the cache rather than what it is set to compare."""
+    service = app.state.service
+    for session in [service.current, *service._retired]:
+        if session is None:
+            continue
+        engine = session.scheduler.engine
+        cache = getattr(getattr(engine, "_batch", None), "prefix_cache", None)
+        if cache is not None:
+            engine.set_prefix_cache_mb(cache.max_bytes / 2**20)
+
+
 def measure(
     base: str, app: Any, mode: str, clients: int, window_s: float, max_new: int
 ) -> RunResult:
     wait_idle(app)
+    flush_prefix_caches(app)
     tok0, sec0 = generated_tokens(base), engine_seconds(base)
     raw = asyncio.run(run_clients(base, clients, window_s, max_new))
     wait_idle(app)
