@@ -69,10 +69,11 @@ def test_simd_and_portable_paths_agree_bit_for_bit(ggml_type):
     if gk.path() in ("portable", "unavailable"):
         pytest.skip(f"this CPU runs the {gk.path()} path only")
     blocks = torch.from_numpy(random_blocks(ggml_type, 40, 1024, seed=3))
-    x = torch.randn(13, 1024)
-    simd = gk.matmul(ggml_type, blocks, 1024, x)
-    portable = gk.matmul(ggml_type, blocks, 1024, x, scalar=True)
-    assert torch.equal(simd, portable)
+    # 1-4 rows, 5-7 (the offsets in row lanes; below the tiles), 13 (a group and a rest)
+    for m in (1, 3, 5, 7, 13):
+        x = torch.randn(m, 1024)
+        simd = gk.matmul(ggml_type, blocks, 1024, x)
+        assert torch.equal(simd, gk.matmul(ggml_type, blocks, 1024, x, scalar=True)), m
 
 
 @pytest.mark.parametrize("ggml_type", TYPES)

@@ -24,7 +24,7 @@
 // vpdpbusd for a multiply-add pair (DPWSSD256 below); portable C elsewhere. 512-bit
 // registers measured no faster than these (the integer multiplies are the bound, and
 // 512-bit work takes a vector port away on Intel), so there is no zmm code outside the
-// AMX build: the VNNI build plus int8 tiles for Q4_K and Q6_K from 7 or 10 rows
+// AMX build: the VNNI build plus int8 tiles for Q4_K and Q6_K from 8 or 10 rows
 // (Intel since Sapphire Rapids; "AMX tiles" below), the same bits again.
 //
 // Layouts (ggml's, as the GGUF file stores them; one weight row is K/QK values' blocks):
@@ -425,9 +425,47 @@ ALWAYS_INLINE __m256 row_scales(const float *dx, int64_t ndx, int64_t b, const i
 #undef X
 }
 
+// The activation side of one group of 2..8 rows, per 256-value block with the rows in
+// the lanes, built once per call (row_lanes_build): the rows' scales for the float
+// steps, and their sub-block sums as int16 pairs, so that from 5 rows the K-quants'
+// offset totals (Q4_K's mins, Q6_K's -32s) come out in the row lanes with one vpdpwssd
+// per pair of sub-blocks instead of a second reduction tree and a multiply per row
+// (5 rows cost 1.25x 4 rows in the 1.5B target's forward before). The same integers.
+typedef struct {
+    float dx[8];         // lane r: row r's activation scale (0 past the group's rows)
+    int32_t s32[4][8];   // [pair p][row]: 32-value sums 2p, 2p + 1 (int16 pair)
+    int32_t s16[8][8];   // [pair p][row]: 16-value sums 2p, 2p + 1 (int16 pair)
+} row_lanes;
+enum { LANES_MIN_ROWS = 5 };  // from here the offsets in lanes; below, per-row multiplies
+
+static void row_lanes_build(const float *dx, const int16_t *bsum, int64_t K, int R,
+                            row_lanes *L) {
+    const int64_t nb = K / QK_K, nbs = K / 16;
+    memset(L, 0, (size_t)nb * sizeof *L);
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < R; r++) {
+            const int16_t *bs = bsum + r * nbs + b * 16;
+            L[b].dx[r] = dx[r * nb + b];
+            for (int p = 0; p < 8; p++)
+                L[b].s16[p][r] = (int32_t)((uint32_t)(uint16_t)bs[2 * p + 1] << 16 | (uint16_t)bs[2 * p]);
+            // a 32-value sum (|.| <= 32 x 127) fits an int16
+            for (int p = 0; p < 4; p++)
+                L[b].s32[p][r] = (int32_t)((uint32_t)(uint16_t)(bs[4 * p + 2] + bs[4 * p + 3]) << 16 |
+                                           (uint16_t)(bs[4 * p] + bs[4 * p + 1]));
+        }
+}
+
+// The rows' scales of block b: from the lanes where built, else gathered.
+ALWAYS_INLINE __m256 block_scales(const row_lanes *L, const float *dx, int64_t ndx, int64_t b,
+                                  const int R) {
+    return R > 1 && L ? _mm256_load_ps(L[b].dx) : row_scales(dx, ndx, b, R);
+}
+
 ALWAYS_INLINE void q4k_rows_avx2(const block_q4_K *w, int64_t nb, const int ROWS,
                                  const int8_t *q, int64_t K, const float *dx,
-                                 const int16_t *bsum, float *out, int64_t ldo) {
+                                 const int16_t *bsum, const row_lanes *L, float *out,
+                                 int64_t ldo) {
+    const int lanes = ROWS >= LANES_MIN_ROWS && L;
     __m256 acc = _mm256_setzero_ps();  // lane r: activation row r
     const __m256i low4 = _mm256_set1_epi8(0xF);
     const int64_t ndx = K / QK_K, nbs = K / 16;
@@ -456,13 +494,23 @@ ALWAYS_INLINE void q4k_rows_avx2(const block_q4_K *w, int64_t nb, const int ROWS
                     s32[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), schi);
             }
         }
-        for (int r = 0; r < ROWS; r++)
-            m32[r] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bsum + r * nbs + b * 16)), mins);
-        const __m256 xs = row_scales(dx, ndx, b, ROWS);
+        const __m256 xs = block_scales(L, dx, ndx, b, ROWS);
         const __m256 d = _mm256_set1_ps(half_to_float(w[b].d));
         const __m256 dmin = _mm256_set1_ps(half_to_float(w[b].dmin));
         __m256i st, mt;
-        lane_totals(s32, m32, ROWS, &st, &mt);
+        if (lanes) {  // the mins' pairs (words m0..m7 as dwords) against the rows' sums
+            const __m256i mp = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(mn8));
+            mt = _mm256_setzero_si256();
+            mt = DPWSSD256(mt, _mm256_shuffle_epi32(mp, 0x00), _mm256_load_si256((const __m256i *)L[b].s32[0]));
+            mt = DPWSSD256(mt, _mm256_shuffle_epi32(mp, 0x55), _mm256_load_si256((const __m256i *)L[b].s32[1]));
+            mt = DPWSSD256(mt, _mm256_shuffle_epi32(mp, 0xAA), _mm256_load_si256((const __m256i *)L[b].s32[2]));
+            mt = DPWSSD256(mt, _mm256_shuffle_epi32(mp, 0xFF), _mm256_load_si256((const __m256i *)L[b].s32[3]));
+            st = lane_totals1(s32, ROWS);
+        } else {
+            for (int r = 0; r < ROWS; r++)
+                m32[r] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bsum + r * nbs + b * 16)), mins);
+            lane_totals(s32, m32, ROWS, &st, &mt);
+        }
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), _mm256_mul_ps(xs, d), acc);
         acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_mul_ps(xs, dmin), acc);
     }
@@ -473,7 +521,9 @@ ALWAYS_INLINE void q4k_rows_avx2(const block_q4_K *w, int64_t nb, const int ROWS
 
 ALWAYS_INLINE void q6k_rows_avx2(const block_q6_K *w, int64_t nb, const int ROWS,
                                  const int8_t *q, int64_t K, const float *dx,
-                                 const int16_t *bsum, float *out, int64_t ldo) {
+                                 const int16_t *bsum, const row_lanes *L, float *out,
+                                 int64_t ldo) {
+    const int lanes = ROWS >= LANES_MIN_ROWS && L;
     __m256 acc = _mm256_setzero_ps();  // lane r: activation row r
     const __m256i low4 = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
     const int64_t ndx = K / QK_K, nbs = K / 16;
@@ -507,13 +557,22 @@ ALWAYS_INLINE void q6k_rows_avx2(const block_q6_K *w, int64_t nb, const int ROWS
                 }
             }
         }
-        for (int r = 0; r < ROWS; r++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)(bsum + r * nbs + b * 16));
-            const __m256i o32 = _mm256_madd_epi16(bs, scales16);  // the -32 offsets
-            s32[r] = _mm256_sub_epi32(s32[r], _mm256_slli_epi32(o32, 5));
+        __m256i st;
+        if (lanes) {  // the scales' pairs against the rows' 16-value sums: the -32 offsets
+            __m256i ot = _mm256_setzero_si256();
+            for (int p = 0; p < 8; p++)
+                ot = DPWSSD256(ot, _mm256_permutevar8x32_epi32(scales16, _mm256_set1_epi32(p)),
+                               _mm256_load_si256((const __m256i *)L[b].s16[p]));
+            st = _mm256_sub_epi32(lane_totals1(s32, ROWS), _mm256_slli_epi32(ot, 5));
+        } else {
+            for (int r = 0; r < ROWS; r++) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)(bsum + r * nbs + b * 16));
+                const __m256i o32 = _mm256_madd_epi16(bs, scales16);  // the -32 offsets
+                s32[r] = _mm256_sub_epi32(s32[r], _mm256_slli_epi32(o32, 5));
+            }
+            st = lane_totals1(s32, ROWS);
         }
-        const __m256i st = lane_totals1(s32, ROWS);
-        const __m256 dd = _mm256_mul_ps(row_scales(dx, ndx, b, ROWS), _mm256_set1_ps(half_to_float(w[b].d)));
+        const __m256 dd = _mm256_mul_ps(block_scales(L, dx, ndx, b, ROWS), _mm256_set1_ps(half_to_float(w[b].d)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), dd, acc);
     }
     float a[LANES];
@@ -553,14 +612,16 @@ ALWAYS_INLINE void q80_rows_avx2(const block_q8_0 *w, int64_t nb, const int ROWS
         default: fn(__VA_ARGS__, 1); break;      \
     }
 static void q4k_avx2(const block_q4_K *w, int64_t nb, int rows, const int8_t *q, int64_t K,
-                     const float *dx, const int16_t *bsum, float *out, int64_t ldo) {
-#define Q4K(w_, nb_, q_, K_, dx_, bs_, out_, ldo_, R) q4k_rows_avx2(w_, nb_, R, q_, K_, dx_, bs_, out_, ldo_)
-    BY_ROWS(Q4K, rows, w, nb, q, K, dx, bsum, out, ldo)
+                     const float *dx, const int16_t *bsum, const row_lanes *L, float *out,
+                     int64_t ldo) {
+#define Q4K(w_, nb_, q_, K_, dx_, bs_, L_, out_, ldo_, R) q4k_rows_avx2(w_, nb_, R, q_, K_, dx_, bs_, L_, out_, ldo_)
+    BY_ROWS(Q4K, rows, w, nb, q, K, dx, bsum, L, out, ldo)
 }
 static void q6k_avx2(const block_q6_K *w, int64_t nb, int rows, const int8_t *q, int64_t K,
-                     const float *dx, const int16_t *bsum, float *out, int64_t ldo) {
-#define Q6K(w_, nb_, q_, K_, dx_, bs_, out_, ldo_, R) q6k_rows_avx2(w_, nb_, R, q_, K_, dx_, bs_, out_, ldo_)
-    BY_ROWS(Q6K, rows, w, nb, q, K, dx, bsum, out, ldo)
+                     const float *dx, const int16_t *bsum, const row_lanes *L, float *out,
+                     int64_t ldo) {
+#define Q6K(w_, nb_, q_, K_, dx_, bs_, L_, out_, ldo_, R) q6k_rows_avx2(w_, nb_, R, q_, K_, dx_, bs_, L_, out_, ldo_)
+    BY_ROWS(Q6K, rows, w, nb, q, K, dx, bsum, L, out, ldo)
 }
 static void q80_avx2(const block_q8_0 *w, int64_t nb, int rows, const int8_t *q, int64_t K,
                      const float *dx, float *out, int64_t ldo) {
@@ -809,21 +870,23 @@ int simd_path(void) {
 #endif
 }
 
-// One weight row against `rows` (<= ROW_GROUP) activation rows; out[r * ldo].
+// One weight row against `rows` (<= ROW_GROUP) activation rows; out[r * ldo]. lanes:
+// the group's row_lanes (AVX2 builds, K-quants) or NULL.
 static void weight_row(int type, const uint8_t *wrow, int64_t K, int rows, const int8_t *q,
-                       const float *dx, const int16_t *bsum, float *out, int64_t ldo,
-                       int scalar) {
+                       const float *dx, const int16_t *bsum, const void *lanes, float *out,
+                       int64_t ldo, int scalar) {
     const int64_t nb = K / block_values(type), ndx = K / activation_block(type);
 #if defined(__AVX2__)
     if (!scalar) {
         switch (type) {
-            case TYPE_Q4_K: q4k_avx2((const block_q4_K *)wrow, nb, rows, q, K, dx, bsum, out, ldo); return;
-            case TYPE_Q6_K: q6k_avx2((const block_q6_K *)wrow, nb, rows, q, K, dx, bsum, out, ldo); return;
+            case TYPE_Q4_K: q4k_avx2((const block_q4_K *)wrow, nb, rows, q, K, dx, bsum, lanes, out, ldo); return;
+            case TYPE_Q6_K: q6k_avx2((const block_q6_K *)wrow, nb, rows, q, K, dx, bsum, lanes, out, ldo); return;
             case TYPE_Q8_0: q80_avx2((const block_q8_0 *)wrow, nb, rows, q, K, dx, out, ldo); return;
         }
     }
 #endif
     (void)scalar;
+    (void)lanes;
     for (int r = 0; r < rows; r++) {
         const int8_t *qr = q + r * K;
         const float *dr = dx + r * ndx;
@@ -944,9 +1007,11 @@ enum { AMX_ROWS = 16 };
 // the weights costs more than the tiles save. The 1.5B target's layers on a 2-core
 // Xeon with AMX, all 28 against the rows path: Q4_K gate/up 46 vs 52 ms at 7 rows,
 // 48 vs 48 at 6; Q6_K's head (151936 x 1536) 22 vs 20 ms at 10 rows, even at 11-12,
-// 23 vs 26 at 13, while the Q6_K down projections (K = 8960) gain from 10.
+// 23 vs 26 at 13, while the Q6_K down projections (K = 8960) gain from 10. With the
+// row lanes (5+ rows) the whole forward at 7 rows took 94 ms on the rows path against
+// 99 with Q4_K on the tiles, at 8 rows 101 against 104: the tiles from 8.
 #ifndef AMX_MIN_M_Q4K
-#define AMX_MIN_M_Q4K 7
+#define AMX_MIN_M_Q4K 8
 #endif
 #ifndef AMX_MIN_M_Q6K
 #define AMX_MIN_M_Q6K 10
@@ -1460,6 +1525,18 @@ static void weight_rows(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K
 #endif
     const int64_t ndx = K / activation_block(wt->type);
     float tmp[ROW_GROUP];
+    void *lanes = NULL;  // row_lanes of each group of ROW_GROUP rows, where they pay
+    int64_t lanes_stride = 0;
+#if defined(__AVX2__)
+    if (!scalar && M >= LANES_MIN_ROWS && M <= M_CHUNK &&
+        (wt->type == TYPE_Q4_K || wt->type == TYPE_Q6_K)) {
+        lanes_stride = K / QK_K;
+        lanes = aligned_alloc(32, (size_t)(((M + ROW_GROUP - 1) / ROW_GROUP) * lanes_stride) * sizeof(row_lanes));
+        for (int64_t m = 0; lanes && m < M; m += ROW_GROUP)
+            row_lanes_build(dx + m * ndx, bsum + m * (K / 16), K, (int)(M - m < ROW_GROUP ? M - m : ROW_GROUP),
+                            (row_lanes *)lanes + m / ROW_GROUP * lanes_stride);
+    }
+#endif
     // Activation rows in chunks that stay in cache while the weight rows pass by.
     for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
         const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
@@ -1480,13 +1557,19 @@ static void weight_rows(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K
             for (int64_t r0 = 0; r0 < mc; r0 += ROW_GROUP) {
                 const int rows = (int)(mc - r0 < ROW_GROUP ? mc - r0 : ROW_GROUP);
                 const int64_t m = m0 + r0;
+#if defined(__AVX2__)
+                const void *gl = lanes ? (const row_lanes *)lanes + m / ROW_GROUP * lanes_stride : NULL;
+#else
+                const void *gl = NULL;
+#endif
                 weight_row(wt->type, wt->w + n * wt->row_bytes, K, rows, q + m * K,
-                           dx + m * ndx, bsum + m * (K / 16), tmp, 1, scalar);
+                           dx + m * ndx, bsum + m * (K / 16), gl, tmp, 1, scalar);
                 for (int r = 0; r < rows; r++)
                     put_output(y, y_bf16, (m + r) * ldy + n, tmp[r], wt->bias ? wt->bias + n : NULL);
             }
         }
     }
+    free(lanes);
 }
 
 // The weights' rows shared among the calling team's threads in contiguous runs of
