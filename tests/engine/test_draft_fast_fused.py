@@ -143,6 +143,20 @@ def test_int4_draft_runs_on_the_native_kernel_alone(tiny_llama_pair, monkeypatch
     assert dec.generate(p, 16, stop_token_ids=[]).output_ids == target_greedy(target, p, 16)
 
 
+@pytest.mark.skipif(not NATIVE, reason="needs the native low-bit kernels")
+@pytest.mark.parametrize(
+    ("mode", "bits"), [("int8-fused", 8), ("int4-fused", 4), ("bf16-fused", None)]
+)
+def test_the_subset_head_is_scored_in_the_drafts_mlp_bits(tiny_qwen2_pair, mode, bits):
+    """An int4 draft reads its head's rows in int4 too (its second-largest read), an int8
+    draft in int8; the bf16 one keeps the bf16 head. Still exact."""
+    target, draft = tiny_qwen2_pair
+    dec = SpeculativeDecoder.from_models(target, draft, draft_quantization=mode)
+    assert dec.head.low_bit_bits == bits
+    p = prompts(1, TINY_VOCAB, seed=46)[0]
+    assert dec.generate(p, 16, stop_token_ids=[]).output_ids == target_greedy(target, p, 16)
+
+
 def test_fused_draft_leaves_the_model_alone(tiny_llama_pair):
     _, draft = tiny_llama_pair
     before = copy.deepcopy(draft.state_dict())

@@ -45,10 +45,11 @@ def test_subset_logits_are_the_full_logits_of_ranked_tokens():
 
 
 @pytest.mark.skipif(native_kernels.load() is None, reason="no native kernels on this CPU")
-def test_low_bit_subset_rows_track_the_bf16_head(monkeypatch):
-    """int8 ranked rows (use_low_bit): every subset size (not only multiples of the
-    4-row blocks) scores the same tokens, within int8 error of the bf16 head; low-rank
-    configurations are left as they were; no native kernels, no switch."""
+@pytest.mark.parametrize(("bits", "error"), [(8, 0.03), (4, 0.2)])
+def test_low_bit_subset_rows_track_the_bf16_head(monkeypatch, bits, error):
+    """int8 / int4 ranked rows (use_low_bit): every subset size (not only multiples of
+    the row blocks) scores the same tokens, within the bits' error of the bf16 head;
+    low-rank configurations are left as they were; no native kernels, no switch."""
     g = torch.Generator().manual_seed(1)
     w = (torch.randn(203, 128, generator=g) * 0.05).bfloat16()
     ranking = torch.randperm(203, generator=g)
@@ -57,11 +58,11 @@ def test_low_bit_subset_rows_track_the_bf16_head(monkeypatch):
     h = torch.randn(3, 128, generator=g).bfloat16()
     want = {n: head.logits(h, HeadConfig(n, None)).float() for n in (1, 6, 100, 203)}
     low_rank = head.logits(h, HeadConfig(100, 8))
-    assert head.use_low_bit(8)
+    assert head.use_low_bit(bits)
     for n, ref in want.items():
         got = head.logits(h, HeadConfig(n, None)).float()
         assert got.shape == (3, n)
-        assert (got - ref).norm() / ref.norm() < 0.03
+        assert (got - ref).norm() / ref.norm() < error
     assert torch.equal(head.logits(h, HeadConfig(100, 8)), low_rank)
     monkeypatch.setattr(native_kernels, "load", lambda: None)
     assert not DraftHead(w, ranking).use_low_bit(8)

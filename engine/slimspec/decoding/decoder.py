@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from slimspec.cpu import target_form
-from slimspec.cpu.draft_quantization import AUTO, FUSED_LOW_BIT, quantize_draft, resolve_auto
+from slimspec.cpu.draft_quantization import AUTO, HEAD_BITS, quantize_draft, resolve_auto
 from slimspec.cpu.target_packing import maybe_pack_target
 from slimspec.decoding import grouped_forward
 from slimspec.decoding.adaptive import AcceptanceEstimate, CostModel, choose_batch_k
@@ -239,8 +239,8 @@ class SpeculativeDecoder(Engine):
         )
         if draft_quantization is not None:
             self.draft = quantize_draft(self.draft, draft_quantization)
-            if draft_quantization in FUSED_LOW_BIT:
-                head.use_low_bit(8)  # the subset head's rows in int8 too, where native
+            if draft_quantization in HEAD_BITS:  # the subset head's rows too, where native
+                head.use_low_bit(HEAD_BITS[draft_quantization])
         self.adaptive_skip = adaptive_skip
         self.stats = DecoderStats()
         self._cost = CostModel()

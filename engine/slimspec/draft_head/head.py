@@ -109,8 +109,8 @@ class DraftHead:
         native kernels (native_kernels.py) where they run; returns whether it does.
 
         Why: for a quantised draft the subset head is the second-largest read of a draft
-        step, and int8 rows halve it (figures: docs/engine.md, benchmark section). The
-        rows are blocked by 4, so every subset is a prefix of the blocks and switching
+        step, and int8 rows halve it, int4 rows quarter it (docs/engine.md). The
+        rows are blocked in rank order, so every subset is a prefix of the blocks and switching
         the ratio still refits nothing. Low-rank
         configurations and `full_logits` (the shadow check's reference) stay as they
         are. The draft samples from what it scores, so the output stays exact.
@@ -130,6 +130,11 @@ class DraftHead:
         self._low_bit = native_kernels.NativeLowBitLinear(w, bias, lib, bits)
         self._low_bit_bits = bits
         return True
+
+    @property
+    def low_bit_bits(self) -> int | None:
+        """The bits of the ranked rows' native copy (use_low_bit), None without one."""
+        return self._low_bit_bits if self._low_bit is not None else None
 
     @property
     def max_rank(self) -> int:
