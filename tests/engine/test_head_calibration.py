@@ -68,6 +68,31 @@ def test_low_bit_subset_rows_track_the_bf16_head(monkeypatch, bits, error):
     assert not DraftHead(w, ranking).use_low_bit(8)
 
 
+@pytest.mark.skipif(native_kernels.load() is None, reason="no native kernels on this CPU")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_reranked_heads_low_bit_rows_are_the_ones_quantising_gives(bits):
+    """A re-rank moves the quantised rows (each row quantised on its own) instead of
+    quantising the head again: the copy, its padding rows (203 is not a multiple of the
+    4-row blocks) and bias included, is exactly use_low_bit's for the new ranking."""
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(203, 128, generator=g) * 0.05).bfloat16()
+    bias = torch.randn(203, generator=g).bfloat16()
+    head = DraftHead(w, torch.randperm(203, generator=g), bias=bias)
+    assert head.use_low_bit(bits)
+    new_ranking = torch.randperm(203, generator=g)
+    moved = head.reranked(new_ranking)
+    fresh = DraftHead(w, new_ranking, bias=bias)
+    assert fresh.use_low_bit(bits) and moved.low_bit_bits == bits
+    a, b = moved._low_bit, fresh._low_bit
+    for x, y in ((a.packed, b.packed), (a.scale, b.scale), (a.low, b.low), (a.bias, b.bias)):
+        assert torch.equal(x, y)
+    h = torch.randn(5, 128, generator=g).bfloat16()
+    for n in (1, 7, 203):
+        assert torch.equal(
+            moved.logits(h, HeadConfig(n, None)), fresh.logits(h, HeadConfig(n, None))
+        )
+
+
 def test_full_argmax_is_the_ratio_0_head_of_the_draft():
     """The shadow check's reference: the original head's pick, or with low-bit rows the
     pick of all of them (what ratio 0 scores), in token ids, for (B, k, d) states."""

@@ -50,6 +50,22 @@ def blocked(t: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
     return t.reshape((n + pad) // rows, rows, *t.shape[1:]).transpose(1, 2).contiguous()
 
 
+def unblocked(t: torch.Tensor) -> torch.Tensor:
+    """blocked's inverse, padding rows included: (B, G, rows, ...) -> (B * rows, G, ...)."""
+    return t.transpose(1, 2).reshape(t.shape[0] * t.shape[2], t.shape[1], *t.shape[3:])
+
+
+def take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """One of the kernel's tensors (pack's or blocked's weights, a scale or a low) with
+    its rows taken in the order `index` (indices
+    into its rows, padding rows included) and blocked again: the rows move as they were
+    quantised (each row's groups are its own), nothing is requantised."""
+    packed = t.dim() == 5  # pack's (B, G, p, 16, i)
+    rows = unblocked(t.transpose(2, 3) if packed else t)
+    out = blocked(rows.index_select(0, index), t.shape[3] if packed else t.shape[2])
+    return out.transpose(2, 3).contiguous() if packed else out
+
+
 def pack(u: torch.Tensor, bits: int, group: int = GROUP) -> torch.Tensor:
     """(N, K) weights in 0..2^bits-1 -> the kernel's bytes: blocks of 16 rows (zero rows
     pad N), a group of a block as 64-byte vectors of 16 rows x 4 bytes. 8 bits: byte i
