@@ -278,7 +278,14 @@ def test_calibration_runs_once_per_version_and_the_engines_serve_its_head(
     assert calibrate["command"] == ["slimspec", "calibrate"]
     assert "--device" in calibrate["args"] and "cpu" in calibrate["args"]
     artifact_pod_path = calibrate["args"][calibrate["args"].index("--out") + 1]
-    assert api.get()["status"]["models"][0]["calibration"] == "Pending"
+    # the Job is created before the status patch that lists the model: wait for it
+    # (reading it at once failed once in CI with no "models" yet)
+    api.wait(
+        lambda: (
+            (api.get().get("status", {}).get("models") or [{}])[0].get("calibration") == "Pending"
+        ),
+        what="calibration Pending in the status",
+    )
 
     paths = _paths(tmp_path, small_real_model)
     run_job(api, job, paths)
