@@ -57,9 +57,9 @@ def unblocked(t: torch.Tensor) -> torch.Tensor:
 
 def take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """One of the kernel's tensors (pack's or blocked's weights, a scale or a low) with
-    its rows taken in the order `index` (indices
-    into its rows, padding rows included) and blocked again: the rows move as they were
-    quantised (each row's groups are its own), nothing is requantised."""
+    its rows taken in the order `index` (indices into its rows, padding rows included)
+    and blocked again: the rows move as they were quantised (each row's groups are its
+    own), nothing is requantised."""
     packed = t.dim() == 5  # pack's (B, G, p, 16, i)
     rows = unblocked(t.transpose(2, 3) if packed else t)
     out = blocked(rows.index_select(0, index), t.shape[3] if packed else t.shape[2])

@@ -44,6 +44,13 @@ def check_vocab_size(vocab_size: int | None) -> int | None:
     return vocab_size
 
 
+def inverse(ranking: torch.Tensor) -> torch.Tensor:
+    """rank_of[token] = its position in the ranking."""
+    rank_of = torch.empty_like(ranking)
+    rank_of[ranking] = torch.arange(ranking.shape[0], device=ranking.device)
+    return rank_of
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     """One concrete compressed head."""
@@ -140,10 +147,8 @@ class DraftHead:
         another ranking): each row was quantised on its own, so this is the copy
         use_low_bit would build, in a fraction of its time (no requantising)."""
         assert old._low_bit is not None
-        old_row = torch.empty_like(old.ranking)
-        old_row[old.ranking] = torch.arange(self.vocab, device=old.ranking.device)
         pad = torch.arange(self.vocab, self.vocab + self._pad_rows, device=old.ranking.device)
-        index = torch.cat([old_row[self.ranking], pad]).cpu()
+        index = torch.cat([inverse(old.ranking)[self.ranking], pad]).cpu()
         self._low_bit = old._low_bit.with_rows(index, self._padded_bias())
         self._low_bit_bits = old._low_bit_bits
 

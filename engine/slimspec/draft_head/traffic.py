@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from slimspec.draft_head.head import DraftHead
+from slimspec.draft_head.head import DraftHead, inverse
 from slimspec.draft_head.traffic_store import load_counts, save_counts
 
 log = logging.getLogger("slimspec.ranking")
@@ -100,13 +100,6 @@ def rerank_due(
     if running or new_tokens < min_tokens or seconds_since < min_interval_s:
         return False
     return cover < COVERAGE_TRIGGER or new_tokens >= every_tokens
-
-
-def inverse(ranking: torch.Tensor) -> torch.Tensor:
-    """rank_of[token] = its position in the ranking."""
-    rank_of = torch.empty_like(ranking)
-    rank_of[ranking] = torch.arange(ranking.shape[0], device=ranking.device)
-    return rank_of
 
 
 @dataclass(frozen=True)

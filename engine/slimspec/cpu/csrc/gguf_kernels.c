@@ -438,6 +438,19 @@ typedef struct {
 } row_lanes;
 enum { LANES_MIN_ROWS = 5 };  // from here the offsets in lanes; below, per-row multiplies
 
+static inline int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+// One block's 16-value sums bs[0..15] as the int16 pair of 32-value sums 2p, 2p + 1 (a
+// 32-value sum, |.| <= 32 x 127, fits an int16): the operand the Q4_K mins pair with.
+static inline int32_t sums32_pair(const int16_t *bs, int p) {
+    return (int32_t)((uint32_t)(uint16_t)(bs[4 * p + 2] + bs[4 * p + 3]) << 16 |
+                     (uint16_t)(bs[4 * p] + bs[4 * p + 1]));
+}
+
 static void row_lanes_build(const float *dx, const int16_t *bsum, int64_t K, int R,
                             row_lanes *L) {
     const int64_t nb = K / QK_K, nbs = K / 16;
@@ -446,12 +459,8 @@ static void row_lanes_build(const float *dx, const int16_t *bsum, int64_t K, int
         for (int r = 0; r < R; r++) {
             const int16_t *bs = bsum + r * nbs + b * 16;
             L[b].dx[r] = dx[r * nb + b];
-            for (int p = 0; p < 8; p++)
-                L[b].s16[p][r] = (int32_t)((uint32_t)(uint16_t)bs[2 * p + 1] << 16 | (uint16_t)bs[2 * p]);
-            // a 32-value sum (|.| <= 32 x 127) fits an int16
-            for (int p = 0; p < 4; p++)
-                L[b].s32[p][r] = (int32_t)((uint32_t)(uint16_t)(bs[4 * p + 2] + bs[4 * p + 3]) << 16 |
-                                           (uint16_t)(bs[4 * p] + bs[4 * p + 1]));
+            for (int p = 0; p < 8; p++) L[b].s16[p][r] = load_i32(bs + 2 * p);
+            for (int p = 0; p < 4; p++) L[b].s32[p][r] = sums32_pair(bs, p);
         }
 }
 
@@ -650,12 +659,6 @@ typedef struct {
     int16_t mn[8][PANEL_ROWS][2];    // sub-block mins, twice (pairs for vpdpwssd)
     float d[PANEL_ROWS], dmin[PANEL_ROWS];
 } q4k_panel;
-
-static inline int32_t load_i32(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 // 32 values of 8 weight rows (a[r]) -> o[g] = values 4g..4g+3 of rows 0..7 (an 8x8
 // transpose of 4-byte groups).
@@ -1078,11 +1081,9 @@ static void pack_acts_block(const int8_t *q, int64_t K, const float *dx, const i
         const int16_t *bs = bsum + t * nbs + b * 16;
         for (int g = 0; g < 64; g++) memcpy(a->x[g][t], x + 4 * g, 4);
         for (int pr = 0; pr < 8; pr++) a->bs16[pr][t] = load_i32(bs + 2 * pr);
-        // a 32-value sum (|.| <= 32 x 127) fits an int16: Q4_K's Mn = sum over the pairs
-        // of min x sum, the same integer as the panels' four 16-value terms
-        for (int pr = 0; pr < 4; pr++)
-            a->bs32[pr][t] = (int32_t)((uint32_t)(uint16_t)(bs[4 * pr + 2] + bs[4 * pr + 3]) << 16 |
-                                       (uint16_t)(bs[4 * pr] + bs[4 * pr + 1]));
+        // Q4_K's Mn = sum over the pairs of min x sum, the same integer as the panels'
+        // four 16-value terms
+        for (int pr = 0; pr < 4; pr++) a->bs32[pr][t] = sums32_pair(bs, pr);
         a->dx[t] = dx[t * ndx + b];
     }
 }
