@@ -248,6 +248,8 @@ def slimspec(dec: SpeculativeDecoder, prompts: list[list[int]], n: int) -> dict[
         "decode_tok_s": tokens / decode,
         "e2e_tok_s": tokens / total,
         "mean_accepted_length": s.mean_accepted_length,
+        "tokens_per_step": s.generated_tokens / max(1, s.target_forwards),
+        "lookup_verifications": s.lookup_verifications,
         "acceptance_rate": s.acceptance_rate,
         "per_position_acceptance": s.per_position_acceptance,
         "draft_step_ms": 1000 * s.draft_time_s / max(1, s.draft_forwards),

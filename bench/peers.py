@@ -13,8 +13,14 @@ the standard library, English from the KJV), each configuration once per prompt:
 - llama.cpp target-only (llama-server -np 1)
 - llama.cpp speculative (llama-server -md <draft GGUF>, its draft settings)
 - SlimSpec target-only, target in its GGUF form (target_quantization=gguf)
-- SlimSpec speculative, target gguf (the default engine: int4-fused draft where it runs)
+- SlimSpec speculative, target gguf (the default engine: int4-fused draft where it runs,
+  lookup drafts on)
+- the same without lookup drafts (lookup_tokens=0: every step drafts with the draft model)
 - SlimSpec speculative, target none (dense bf16; packed with oneDNN where it runs)
+
+The speculative gguf runs' text is checked against the target-only gguf run's, token for
+token (`same_as_target_only`). llama-server at this pin speculates with a draft model
+only (its n-gram lookup lives in the `llama-lookup` example, not the server).
 
 Decode tokens/s (generated tokens over the time after the prompt) and end to end (with
 the prompt). Then serving: `--clients` concurrent clients with unique prompts against
@@ -118,18 +124,29 @@ def llama_single(server: LlamaServer, prompt: list[int], n: int) -> dict[str, fl
     }
 
 
-def slimspec_target_only(model: Any, prompt: list[int], n: int) -> dict[str, float]:
+def slimspec_target_only(model: Any, prompt: list[int], n: int) -> dict[str, Any]:
     r = decode_bench.target_only(model, [prompt], n)
-    return {"tokens": n, "decode_s": n / r["decode_tok_s"], "e2e_s": n / r["e2e_tok_s"]}
+    return {
+        "tokens": n,
+        "decode_s": n / r["decode_tok_s"],
+        "e2e_s": n / r["e2e_tok_s"],
+        "output": r["outputs"][0],
+    }
 
 
-def slimspec_spec(dec: SpeculativeDecoder, prompt: list[int], n: int) -> dict[str, float]:
+def slimspec_spec(
+    dec: SpeculativeDecoder, prompt: list[int], n: int, lookup_tokens: int
+) -> dict[str, Any]:
+    dec.set_lookup_tokens(lookup_tokens)
     r = decode_bench.slimspec(dec, [prompt], n)
     return {
         "tokens": n,
         "decode_s": n / r["decode_tok_s"],
         "e2e_s": n / r["e2e_tok_s"],
         "accepted_length": r["mean_accepted_length"],
+        "tokens_per_step": r["tokens_per_step"],
+        "lookup_steps": r["lookup_verifications"],
+        "output": r["outputs"][0],
     }
 
 
@@ -142,6 +159,10 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
     }
     if rows and "accepted_length" in rows[0]:
         out["mean_accepted_length"] = statistics.mean(r["accepted_length"] for r in rows)
+        out["tokens_per_step"] = statistics.mean(r["tokens_per_step"] for r in rows)
+        out["lookup_steps"] = sum(r["lookup_steps"] for r in rows)
+    if rows and "same_as_target_only" in rows[0]:
+        out["same_as_target_only"] = all(r["same_as_target_only"] for r in rows)
     if rows and "timings_e2e_s" in rows[0]:  # llama.cpp's own account, for comparison
         out["timings_e2e_tok_s"] = tokens / sum(r["timings_e2e_s"] for r in rows)
     return out
@@ -214,12 +235,18 @@ def main(argv: list[str] | None = None) -> int:
     spec_dense = SpeculativeDecoder.from_models(
         dense, load_causal_lm(draft_dir, dtype="bfloat16")[0], tok
     )
+    lookup = spec_own.lookup_tokens  # the default (SLIMSPEC_LOOKUP_TOKENS), A/B'd with 0
     configs = {
         "llamacpp_target_only": lambda ids: llama_single(llama, ids, args.tokens),
         "llamacpp_speculative": lambda ids: llama_single(llama_spec, ids, args.tokens),
         "slimspec_target_only_gguf": lambda ids: slimspec_target_only(own, ids, args.tokens),
-        "slimspec_speculative_gguf": lambda ids: slimspec_spec(spec_own, ids, args.tokens),
-        "slimspec_speculative_none": lambda ids: slimspec_spec(spec_dense, ids, args.tokens),
+        "slimspec_speculative_gguf": lambda ids: slimspec_spec(spec_own, ids, args.tokens, lookup),
+        "slimspec_speculative_gguf_no_lookup": lambda ids: slimspec_spec(
+            spec_own, ids, args.tokens, 0
+        ),
+        "slimspec_speculative_none": lambda ids: slimspec_spec(
+            spec_dense, ids, args.tokens, lookup
+        ),
     }
     # warm-up: one short run of each (first calls build kernels, fault in weights)
     for run in configs.values():
@@ -235,7 +262,15 @@ def main(argv: list[str] | None = None) -> int:
             order = list(configs) if i % 2 == 0 else list(reversed(configs))  # alternate
             for name in order:
                 rows[name].append(configs[name](ids))
-                print(f"{domain} prompt {i} {name}: {rows[name][-1]}", flush=True)
+            # exactness in every run: the speculative decoders' text is the target-only
+            # decoding's with the same kernels (the dense target's, its own greedy text)
+            want = rows["slimspec_target_only_gguf"][-1]["output"]
+            for name in order:
+                row = rows[name][-1]
+                if name.startswith("slimspec_speculative_gguf"):
+                    row["same_as_target_only"] = row["output"] == want
+                row.pop("output", None)
+                print(f"{domain} prompt {i} {name}: {row}", flush=True)
         single[domain] = {name: summarise(r) for name, r in rows.items()}
     llama_spec.stop()
     configs.clear()
@@ -257,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     def llama_post(text: str) -> int:
         return int(llama_batch.complete(text, args.tokens)["tokens_predicted"])
 
+    spec_own.set_lookup_tokens(lookup)
     served = serve_slimspec(spec_own, args)
 
     def slim_post(text: str) -> int:
@@ -301,16 +337,15 @@ def main(argv: list[str] | None = None) -> int:
             rows["llamacpp_target_only"]["decode_tok_s"],
             rows["llamacpp_speculative"]["decode_tok_s"],
         )
-        ours_e2e = max(
-            rows["slimspec_speculative_gguf"]["e2e_tok_s"],
-            rows["slimspec_speculative_none"]["e2e_tok_s"],
-        )
-        ours_decode = max(
-            rows["slimspec_speculative_gguf"]["decode_tok_s"],
-            rows["slimspec_speculative_none"]["decode_tok_s"],
-        )
+        ours = [v for name, v in rows.items() if name.startswith("slimspec_speculative")]
+        ours_e2e = max(v["e2e_tok_s"] for v in ours)
+        ours_decode = max(v["decode_tok_s"] for v in ours)
         result[f"speedup_vs_llamacpp_best_e2e_{domain}"] = ours_e2e / llama_best_e2e
         result[f"speedup_vs_llamacpp_best_decode_{domain}"] = ours_decode / llama_best_decode
+        result[f"lookup_drafts_decode_gain_{domain}"] = (
+            rows["slimspec_speculative_gguf"]["decode_tok_s"]
+            / rows["slimspec_speculative_gguf_no_lookup"]["decode_tok_s"]
+        )
         result[f"target_only_gguf_vs_llamacpp_target_only_{domain}"] = (
             rows["slimspec_target_only_gguf"]["decode_tok_s"]
             / rows["llamacpp_target_only"]["decode_tok_s"]

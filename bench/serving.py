@@ -151,6 +151,8 @@ STEP_COUNTERS = {
     "drafted": "slimspec_draft_tokens_total",
     "accepted": "slimspec_accepted_tokens_total",
     "verify_steps": "slimspec_verify_steps_total",
+    "lookup_verifications": "slimspec_lookup_verifications_total",
+    "lookup_accepted": "slimspec_lookup_accepted_tokens_total",
 }
 
 
@@ -180,6 +182,10 @@ def ratio_window(base: str, app: Any, ratio: float, window_s: float, settle_s: f
         "acceptance": round(d["accepted"] / d["drafted"], 4) if d["drafted"] else None,
         "drafted_per_verify_step": round(d["drafted"] / d["verify_steps"], 3)
         if d["verify_steps"]
+        else None,
+        # per-request verifications of lookup drafts: a share of all of them
+        "lookup_share": round(d["lookup_verifications"] / (verifies), 3)
+        if (verifies := d["verify_steps"] + d["lookup_verifications"])
         else None,
         "predicted_speedup": metric_values(base, "slimspec_ratio_predicted_speedup"),
     }

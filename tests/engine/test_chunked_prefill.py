@@ -44,8 +44,15 @@ def _record(module: torch.nn.Module):  # type: ignore[no-untyped-def]
 
 def test_speculative_chunked_prefill_is_exact_and_bounded(tiny_llama_pair, widest_forwards):
     target, draft = tiny_llama_pair
+    # (no lookup drafts: a verification of 12 copied tokens is 13 wide, wider than
+    # this chunk, and no prompt tokens)
     dec = SpeculativeDecoder.from_models(
-        target, draft, compression_ratio=0.3, num_draft_tokens=3, prefill_chunk=CHUNK
+        target,
+        draft,
+        compression_ratio=0.3,
+        num_draft_tokens=3,
+        prefill_chunk=CHUNK,
+        lookup_tokens=0,
     )
     widths = widest_forwards(dec._verifier.base)
     ps = prompts(3, TINY_VOCAB, seed=5, lengths=(1, 37, 100))

@@ -27,7 +27,7 @@ def small_vocab_pair():
 
 
 @torch.inference_mode()
-def _exact_joint(target, sp: SamplingParams) -> torch.Tensor:
+def _exact_joint(target, sp: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
     """P(x1, x2) of the target under the warped distribution, by enumeration."""
     params = S.sampling_tensors([sp])
 
@@ -35,16 +35,16 @@ def _exact_joint(target, sp: SamplingParams) -> torch.Tensor:
         logits = target(torch.tensor([seq])).logits[:, -1]
         return S.warp_probs(logits, *params)[0]
 
-    p1 = dist(PROMPT)
+    p1 = dist(prompt)
     joint = torch.zeros(V, V)
     for x1 in range(V):
         if p1[x1] > 0:
-            joint[x1] = p1[x1] * dist([*PROMPT, x1])
+            joint[x1] = p1[x1] * dist([*prompt, x1])
     return joint
 
 
 def _speculative_joint(
-    target, draft, sp: SamplingParams, ratio: float, seeded: bool
+    target, draft, sp: SamplingParams, ratio: float, seeded: bool, prompt: list[int] = PROMPT
 ) -> torch.Tensor:
     dec = SpeculativeDecoder.from_models(
         target, draft, compression_ratio=ratio, num_draft_tokens=2, prefill_batch=256
@@ -52,7 +52,7 @@ def _speculative_joint(
     reqs = [
         GenerationRequest(
             f"s{i}",
-            PROMPT,
+            prompt,
             2,
             SamplingParams(sp.temperature, sp.top_k, sp.top_p, i if seeded else None),
         )
@@ -155,3 +155,31 @@ def test_mixed_greedy_and_sampling_batch(tiny_llama_pair):
     res = dec.generate_batch(reqs)
     assert res[0].output_ids == target_greedy(target, [4, 8, 15], 20)
     assert len(res[1].output_ids) == 20
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["rejection", "coupled"])
+def test_lookup_drafts_follow_target_distribution(small_vocab_pair, seeded, monkeypatch):
+    """Steps that verify lookup drafts (a point mass q on each copied token) keep the
+    target's distribution; the same negative controls must fail."""
+    from slimspec.decoding.lookup import LookupDrafts
+
+    def always(self, plan, draft_alphas, draft_k, costs, max_tokens):
+        return min(2, max_tokens) if any(plan.ns) else 0
+
+    monkeypatch.setattr(LookupDrafts, "choose", always)
+    target, draft = small_vocab_pair
+    # [3, 8] proposes 10 (p 0.41), 3: the rule is wrong where it matters
+    sp, prompt = SamplingParams(temperature=1.0), [3, 8, 10, 3, 8]
+    joint = _exact_joint(target, sp, prompt)
+    threshold = _noise_threshold(joint)
+    emp, stats = _speculative_joint(target, draft, sp, 0.3, seeded, prompt)
+    # every request's first step verifies a lookup draft; both branches of the rule ran
+    assert stats.lookup_verifications >= N and 0 < stats.lookup_accepted < stats.lookup_drafted
+    tv = _tv(emp, joint)
+    assert tv < threshold, (tv, threshold)
+    if seeded:
+        monkeypatch.setattr(S, "verify_coupled", _wrong_coupling)
+    else:
+        monkeypatch.setattr(S, "verify_rejection", _wrong_rule)
+    tv_bad = _tv(_speculative_joint(target, draft, sp, 0.3, seeded, prompt)[0], joint)
+    assert tv_bad > threshold, (tv_bad, threshold)

@@ -47,8 +47,8 @@ def test_smollm_batch_greedy_equals_target(smol_pair, ratio, k):
         # after a few probes the decoder rightly takes plain target steps; "accepted >
         # 0" over its ~15-25 probe drafts failed by chance (~30%), so check it probed.
         assert dec.stats.drafted > 0
-    else:
-        assert dec.stats.accepted > 0
+    else:  # drafts were really used: the draft's, or lookup drafts swapped in for them
+        assert dec.stats.accepted + dec.stats.lookup_accepted > 0
 
 
 def test_smollm_text_api_and_sampling(smol_pair):

@@ -59,6 +59,7 @@ def test_observe_step_turns_cumulative_stats_into_counters() -> None:
     stats.fallbacks["quality"] = 1
     stats.prefix_lookups, stats.prefix_hits, stats.prefix_hit_tokens = 3, 2, 1984
     stats.prefix_evictions, stats.prefix_cache_bytes = 5, 2048
+    stats.lookup_verifications, stats.lookup_drafted, stats.lookup_accepted = 4, 40, 17
     m.observe_step(eng, 2)
     text = m.render().decode()
     assert "slimspec_draft_tokens_total 14.0" in text
@@ -78,6 +79,9 @@ def test_observe_step_turns_cumulative_stats_into_counters() -> None:
     assert "slimspec_prefix_cache_hits_total 2.0" in text
     assert "slimspec_prefix_cache_evictions_total 5.0" in text
     assert "slimspec_prefix_cache_bytes 2048.0" in text
+    assert "slimspec_lookup_verifications_total 4.0" in text
+    assert "slimspec_lookup_draft_tokens_total 40.0" in text
+    assert "slimspec_lookup_accepted_tokens_total 17.0" in text
     # a retired engine's cache no longer counts
     m.forget_engine(eng)
     assert "slimspec_prefix_cache_bytes 0.0" in m.render().decode()

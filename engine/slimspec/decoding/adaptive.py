@@ -237,6 +237,12 @@ class CostModel:
         single = self.verify.single_s if single is None else single
         return relative_costs(self.verify.line(), rows, self.draft_ratio, single)
 
+    def observe_verification(self, target_s: float, tokens: int) -> None:
+        """A verification of lookup drafts (lookup.py): a point on the line, and no
+        draft phase to learn from."""
+        if target_s > 0 and tokens > 0:
+            self.verify.observe(tokens, target_s)
+
     def observe(
         self,
         draft_s: float,

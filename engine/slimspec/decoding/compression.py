@@ -136,10 +136,12 @@ class CompressedHead:
         other_s: float | None = None,
     ) -> None:
         k = proposal.k
-        forward = draft_forward_seconds(proposal.seconds, k, proposal.catch_up_s)
-        head = proposal.head_s / k if proposal.head_s is not None and k > 0 else None
-        if self.monitor.observe(rows, s.ratio, forward, head, accepted, k, other_s):
-            self.refresh(s)
+        # a lookup step ran no draft: nothing in it for the ratio model
+        if not proposal.lookup:
+            forward = draft_forward_seconds(proposal.seconds, k, proposal.catch_up_s)
+            head = proposal.head_s / k if proposal.head_s is not None and k > 0 else None
+            if self.monitor.observe(rows, s.ratio, forward, head, accepted, k, other_s):
+                self.refresh(s)
         self.traffic.observe([t for o in outputs for t in o.new_token_ids])
         cfg = self.heads.config(s.ratio)
         self.traffic.maybe_start(self.heads.head, cfg.subset_size)

@@ -30,14 +30,23 @@ from slimspec.cpu.target_packing import maybe_pack_target
 from slimspec.decoding import grouped_forward
 from slimspec.decoding.adaptive import AcceptanceEstimate, CostModel, choose_batch_k
 from slimspec.decoding.compression import CompressedHead, resolve_rerank
-from slimspec.decoding.drafting import Drafter, HeadDrafter, HeadInUse
+from slimspec.decoding.drafting import (
+    Drafter,
+    HeadDrafter,
+    HeadInUse,
+    Proposal,
+    lookup_proposal,
+    swap_in_lookup,
+)
 from slimspec.decoding.engine import DraftHeadInfo, Engine, eos_token_ids
 from slimspec.decoding.grammar import GrammarRows
 from slimspec.decoding.kv import decoder_stack
+from slimspec.decoding.lookup import LookupDrafts, LookupPlan, resolve_lookup_tokens
 from slimspec.decoding.prefix_cache import BLOCK_TOKENS, PrefixCache, mb_to_bytes, resolve_mb
 from slimspec.decoding.quality import ShadowCheck
 from slimspec.decoding.ratio_monitor import RatioReport
 from slimspec.decoding.rows import RowBatch
+from slimspec.decoding.sampling import BatchSampling
 from slimspec.decoding.settings import DecoderSettings, StepSettings
 from slimspec.decoding.siblings import resolve_sibling_drafts
 from slimspec.decoding.stats import DecoderStats
@@ -189,6 +198,7 @@ class SpeculativeDecoder(Engine):
         target_quantization: str | None = None,
         target_dir: Path | None = None,
         sibling_drafts: int | None = None,
+        lookup_tokens: int | None = None,
         shadow_every: int = 8,
         prefill_batch: int = 8,
         prefill_chunk: int = 512,
@@ -248,6 +258,9 @@ class SpeculativeDecoder(Engine):
         self._grammar = GrammarRows(tokenizer, self._verifier.vocab)  # structured output
         self._heads = HeadInUse(head, self.calibration, vocab_cap)
         self._sibling_drafts = siblings
+        # Drafts copied from the row's own earlier text where that beats a draft step.
+        self._lookup = LookupDrafts(resolve_lookup_tokens(lookup_tokens))
+        log.info("lookup drafts: %s", self._lookup.max_tokens or "off")
         # Held as the two-method interface: the step only proposes and keeps.
         self._drafter: Drafter = HeadDrafter(self.draft, self._heads, siblings, self._clock)
         # The head follows the traffic; counts persist for a draft loaded by name.
@@ -372,6 +385,18 @@ class SpeculativeDecoder(Engine):
     @property
     def sibling_drafts(self) -> int:
         return self._sibling_drafts
+
+    @property
+    def lookup_tokens(self) -> int:
+        """The most tokens a lookup draft proposes (0: lookup drafts off)."""
+        return self._lookup.max_tokens
+
+    def set_lookup_tokens(self, n: int) -> None:
+        """Lookup drafts of at most n tokens from the next step on (0: off); benchmarks
+        A/B them in one process."""
+        n = resolve_lookup_tokens(n)
+        with self._step_lock:
+            self._lookup.max_tokens = n
 
     @property
     def target_vocab(self) -> int:
@@ -503,10 +528,12 @@ class SpeculativeDecoder(Engine):
         adaptive = self._settings.fixed_k is None
         if adaptive:
             self._settings.set_num_draft_tokens(min(2, self._settings.max_draft_tokens))
+        lookup, self._lookup.max_tokens = self._lookup.max_tokens, 0  # (same reason)
         try:
             self.generate_batch([greedy])
             self.generate_batch([GenerationRequest(f"{WARMUP}2", prompt, 4, sampled, frozenset())])
         finally:
+            self._lookup.max_tokens = lookup
             if adaptive:
                 self._settings.set_num_draft_tokens(None)
         self.stats = DecoderStats()
@@ -543,28 +570,43 @@ class SpeculativeDecoder(Engine):
         k = self._choose_k(s)
         shadow = self._shadow.due(k, s.ratio)
         k = batch.fit_context(k)
-        sampling = sampling.with_noise(k + 1, self._verifier.vocab)
+        t_lookup = self._clock()
+        plan, lookup = self._lookup_plan(k, shadow)
+        sampling = sampling.with_noise(max(k, lookup) + 1, self._verifier.vocab)
         grammar = self._grammar.step(
             [r.req.request_id for r in rows], [r.req.grammar for r in rows]
         )
         if grammar is not None:
             sampling = replace(sampling, grammar=grammar)
-        proposal = self._drafter.propose(batch, k, sampling, s.ratio, shadow)
+        if lookup and plan is not None:
+            seconds = self._clock() - t_lookup
+            proposal = lookup_proposal(batch, plan.cut(lookup), sampling, seconds)
+            k = proposal.k
+        else:
+            proposal = self._drafter.propose(batch, k, sampling, s.ratio, shadow)
+            if plan is not None and not shadow and len(rows) > 1:
+                proposal = self._swap_in_lookup(plan, proposal, sampling)
+        from_lookup = [proposal.from_lookup(i) for i in range(len(rows))]
         # new rows' prompts share the verification forward: their slots are prefill
         riding_tokens = sum(g.tokens for g in batch.riding_groups())
         verdict = self._verifier.verify(batch, proposal, sampling, want_argmax=shadow)
         self._verifier.keep_accepted(batch, proposal, verdict)
-        self._drafter.keep_accepted(batch, proposal, verdict.num_accepted)
         verified = len(rows) * (k + 1 + proposal.siblings.shape[1])
-        self._cost.observe(
-            proposal.seconds,
-            verdict.seconds,
-            k,
-            proposal.catch_up_s,
-            verified,
-            len(rows),
-            riding_tokens,
-        )
+        if lookup:  # the draft cache saw none of it: its backlog feeds the next draft step
+            self._cost.observe_verification(verdict.seconds, verified + riding_tokens)
+        else:  # the draft cache keeps none of a swapped row's drafts
+            swapped = torch.tensor(from_lookup, device=verdict.num_accepted.device)
+            draft_kept = verdict.num_accepted.masked_fill(swapped, 0)
+            self._drafter.keep_accepted(batch, proposal, draft_kept)
+            self._cost.observe(
+                proposal.seconds,
+                verdict.seconds,
+                k,
+                proposal.catch_up_s,
+                verified,
+                len(rows),
+                riding_tokens,
+            )
         prefill_s = self._cost.marginal_seconds(riding_tokens, verdict.seconds)
         if shadow:
             self._compressed.shadow_check(proposal, verdict, s, self.stats)
@@ -574,8 +616,15 @@ class SpeculativeDecoder(Engine):
         n_rows = len(rows)
         target_s = verdict.seconds - prefill_s
         self.stats.prefill_time_s += prefill_s
-        outputs = batch.advance(outcomes, k, proposal.seconds, target_s, self.stats)
-        accepted = [o.accepted for o in outcomes]
+        if plan is not None:
+            verified_lookup = [k if f else 0 for f in from_lookup]
+            emitted = [o.emitted for o in outcomes]
+            self._lookup.learn(plan, verified_lookup, [o.accepted for o in outcomes], emitted)
+        outputs = batch.advance(
+            outcomes, k, proposal.seconds, target_s, self.stats, from_lookup, not proposal.lookup
+        )
+        # the draft's acceptance: rows that verified its drafts
+        accepted = [o.accepted for o, f in zip(outcomes, from_lookup, strict=True) if not f]
         served = [o for o in outputs if not o.request_id.startswith(WARMUP)]  # not traffic
         # What the ratio model's draft + verification leave out: prefill, sampling, upkeep,
         # and the server's work between two steps (a gap longer than a step is a pause).
@@ -583,6 +632,35 @@ class SpeculativeDecoder(Engine):
         other_s = wall + min(max(0.0, gap), wall) - proposal.seconds - target_s
         self._compressed.after_step(n_rows, s, proposal, accepted, served, other_s)
         return outputs
+
+    def _lookup_plan(self, k: int, shadow: bool) -> tuple[LookupPlan | None, int]:
+        """Every row's lookup draft, and how many of its tokens this step verifies instead
+        of drafting k (0: draft). Not on a shadow step (the quality check needs the draft's
+        tokens) nor with constrained rows (their drafts follow the grammar's state)."""
+        rows = self._batch.rows
+        if not self._lookup.max_tokens or any(r.req.grammar for r in rows):
+            return None, 0
+        plan = self._lookup.plan([r.seq for r in rows], [r.ngrams for r in rows])
+        if shadow:
+            return plan, 0
+        room = self._batch.fit_context(self._lookup.max_tokens)
+        length = self._lookup.choose(
+            plan, [r.est.alpha for r in rows], k, self._cost.relative_costs(len(rows)), room
+        )
+        return plan, length
+
+    def _swap_in_lookup(
+        self, plan: LookupPlan, proposal: Proposal, sampling: BatchSampling
+    ) -> Proposal:
+        """A batch's draft step: the rows whose lookup draft is expected to keep more of
+        the k tokens than the draft's verify it instead (greedy and seeded rows: their
+        verification compares tokens)."""
+        rows = self._batch.rows
+        coupled = sampling.coupled or (False,) * len(rows)
+        compares = [sampling.all_greedy or c for c in coupled]
+        alphas = [r.est.alpha for r in rows]
+        swap = self._lookup.swaps(plan, proposal.k, alphas, compares)
+        return swap_in_lookup(proposal, plan.drafts, swap) if any(swap) else proposal
 
     def _choose_k(self, s: StepSettings) -> int:
         """The step's k: fixed, or adaptive (k = 0 is a plain target step, unless

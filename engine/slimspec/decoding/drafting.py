@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -38,10 +38,47 @@ class Proposal:
     head_s: float | None = None  # the head's share of `seconds` (None: not timed)
     shadow_argmax: list[torch.Tensor] = field(default_factory=list)  # per depth (B,)
     shadow_hidden: list[torch.Tensor] = field(default_factory=list)  # per depth (B, d)
+    lookup: bool = False  # the tokens came from lookup.py: no draft forward ran
+    swapped: tuple[bool, ...] = ()  # rows whose drafts were replaced by lookup drafts
+
+    def from_lookup(self, row: int) -> bool:
+        """Whether this row's drafts are lookup drafts (a lookup step, or swapped in)."""
+        return self.lookup or (row < len(self.swapped) and self.swapped[row])
 
     @property
     def k(self) -> int:
         return self.tokens.shape[1]
+
+
+def lookup_proposal(
+    batch: RowBatch, drafts: list[list[int]], sampling: BatchSampling, seconds: float
+) -> Proposal:
+    """A proposal of lookup drafts (lookup.py), one equally long list per row ([] for a
+    row without a match: it repeats its last token, which the target rarely keeps).
+    A lookup draft is no sample: q is a point mass on each proposed token, which the
+    rejection rule needs (sampling.py); greedy and coupled rows compare tokens only."""
+    k = max(len(d) for d in drafts)
+    rows = [d if d else [r.seq[-1]] * k for d, r in zip(drafts, batch.rows, strict=True)]
+    tokens = torch.tensor(rows, dtype=torch.long, device=batch.device).view(len(rows), k)
+    token_ids, index = torch.unique(tokens, return_inverse=True)
+    q: list[torch.Tensor] = []
+    if not sampling.all_greedy:
+        eye = torch.eye(len(token_ids), device=batch.device)
+        q = [eye[index[:, j]] for j in range(k)]
+    empty = torch.zeros(len(rows), 0, dtype=torch.long, device=batch.device)
+    return Proposal(tokens, empty, q, token_ids, batch.draft_kv.length, seconds, None, lookup=True)
+
+
+def swap_in_lookup(proposal: Proposal, drafts: list[list[int]], swap: list[bool]) -> Proposal:
+    """The draft step's proposal with the rows in `swap` proposing their lookup drafts
+    (k tokens each) instead: in a batch, the draft forwards serve the other rows anyway,
+    and where a row's earlier text predicts it better, it verifies that. Only for rows
+    whose verification compares tokens (greedy, seeded): q stays the draft's."""
+    tokens = proposal.tokens.clone()
+    for i, on in enumerate(swap):
+        if on:
+            tokens[i] = torch.tensor(drafts[i][: proposal.k], dtype=tokens.dtype)
+    return replace(proposal, tokens=tokens, swapped=tuple(swap))
 
 
 class Drafter(Protocol):

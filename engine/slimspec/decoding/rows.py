@@ -24,6 +24,7 @@ import torch
 from slimspec.decoding.adaptive import AcceptanceEstimate
 from slimspec.decoding.grouped_forward import Group, forward_groups
 from slimspec.decoding.kv import BatchKV, forward
+from slimspec.decoding.lookup import NgramIndex
 from slimspec.decoding.prefix_cache import PrefixCache
 from slimspec.decoding.sampling import BatchSampling
 from slimspec.decoding.stats import DecoderStats, record_request_verification
@@ -47,6 +48,7 @@ class Row:
     est: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     idle_steps: int = 0  # consecutive k = 0 steps (adaptive skip)
     logprobs: list[TokenLogprob] | None = None  # per output token, when the request asked
+    ngrams: NgramIndex = field(default_factory=NgramIndex)  # lookup drafts' index of seq
 
     @classmethod
     def unstarted(cls, req: GenerationRequest) -> Row:
@@ -510,17 +512,27 @@ class RowBatch:
         draft_s: float,
         target_s: float,
         stats: DecoderStats,
+        from_lookup: Sequence[bool] = (),
+        draft_ran: bool = True,
     ) -> list[StepOutput]:
-        """Append each row's emitted tokens, record the step, retire finished rows."""
+        """Append each row's emitted tokens, record the step, retire finished rows.
+        from_lookup[i]: row i's k drafts came from lookup.py, not the draft model (their
+        acceptance is counted apart and says nothing of the draft's); draft_ran: the
+        draft model ran its k forwards."""
         outputs: list[StepOutput] = []
         keep: list[int] = []
         for i, (r, o) in enumerate(zip(self.rows, outcomes, strict=True)):
-            if k > 0:
-                r.est.update(o.accepted, k)
-            credited = o.accepted + int(o.sibling_hit)
-            stats.sibling_hits += int(o.sibling_hit)
-            record_request_verification(r.stats, k, credited)
-            stats.record_verification(k, credited)
+            if i < len(from_lookup) and from_lookup[i]:
+                stats.record_lookup(k, o.accepted)
+                r.stats.lookup_drafted += k
+                r.stats.lookup_accepted += o.accepted
+            else:
+                if k > 0:
+                    r.est.update(o.accepted, k)
+                credited = o.accepted + int(o.sibling_hit)
+                stats.sibling_hits += int(o.sibling_hit)
+                record_request_verification(r.stats, k, credited)
+                stats.record_verification(k, credited)
             r.stats.draft_time_s += draft_s
             r.stats.target_time_s += target_s
             new_tokens, reason = self._append(r, o.emitted)
@@ -546,7 +558,7 @@ class RowBatch:
         stats.batch_steps += 1
         stats.draft_time_s += draft_s
         stats.target_time_s += target_s
-        stats.draft_forwards += k
+        stats.draft_forwards += k if draft_ran else 0
         stats.target_forwards += 1
         if len(keep) != len(self.rows):
             self._keep(keep)

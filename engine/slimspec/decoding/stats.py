@@ -43,6 +43,11 @@ class DecoderStats:
     draft_forwards: int = 0
     sibling_hits: int = 0  # verifications where a sibling draft (siblings.py) was accepted
     target_forwards: int = 0
+    # lookup drafts (lookup.py): their steps' verifications, tokens proposed and kept;
+    # not in drafted / accepted / verify_steps, which are the draft model's
+    lookup_verifications: int = 0
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
     # the prefix cache (prefix_cache.py): prompts looked up, those that hit, prompt tokens
     # whose prefill was skipped, blocks evicted; bytes and blocks held now
     prefix_lookups: int = 0
@@ -103,6 +108,12 @@ class DecoderStats:
             add_per_position(self.accepted_per_position, 1, accepted)
             self.recent_accepted_lengths.append(accepted + 1)
 
+    def record_lookup(self, drafted: int, accepted: int) -> None:
+        with self._lock:
+            self.lookup_verifications += 1
+            self.lookup_drafted += drafted
+            self.lookup_accepted += accepted
+
     def as_dict(self) -> dict:
         return {
             "requests_finished": self.requests_finished,
@@ -123,6 +134,9 @@ class DecoderStats:
             "fallbacks": dict(self.fallbacks),
             "kept_acceptance": self.kept_acceptance,
             "sibling_hits": self.sibling_hits,
+            "lookup_verifications": self.lookup_verifications,
+            "lookup_drafted": self.lookup_drafted,
+            "lookup_accepted": self.lookup_accepted,
             "shadow_samples": self.shadow_samples,
             "prefix_lookups": self.prefix_lookups,
             "prefix_hits": self.prefix_hits,

@@ -72,6 +72,9 @@ class RequestStats:
     target_time_s: float = 0.0
     prefill_time_s: float = 0.0
     cached_prompt_tokens: int = 0  # prompt tokens whose prefill the prefix cache skipped
+    # lookup drafts (lookup.py), apart from the draft model's figures above
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
 
     @property
     def mean_accepted_length(self) -> float:

@@ -187,6 +187,23 @@ class Metrics:
             "Requests whose target prefill rode on a verification forward",
             registry=r,
         )
+        # Lookup drafts (decoding/lookup.py): steps that verified copied tokens instead of
+        # the draft's, and those tokens; not in the draft's counters above.
+        self.lookup_verifications = Counter(
+            "slimspec_lookup_verifications_total",
+            "Per-request verifications of lookup drafts (tokens copied from earlier text)",
+            registry=r,
+        )
+        self.lookup_drafted = Counter(
+            "slimspec_lookup_draft_tokens_total",
+            "Lookup draft tokens verified",
+            registry=r,
+        )
+        self.lookup_accepted = Counter(
+            "slimspec_lookup_accepted_tokens_total",
+            "Lookup draft tokens the target accepted",
+            registry=r,
+        )
         # The prefix cache (decoding/prefix_cache.py): prompt tokens whose prefill was
         # skipped, lookups and hits, evictions, and the bytes held by the live engines.
         self.prefix_hit_tokens = Counter(
@@ -275,6 +292,9 @@ class Metrics:
             "prefix_lookups": stats.prefix_lookups,
             "prefix_hits": stats.prefix_hits,
             "prefix_evictions": stats.prefix_evictions,
+            "lookup_verifications": stats.lookup_verifications,
+            "lookup_drafted": stats.lookup_drafted,
+            "lookup_accepted": stats.lookup_accepted,
         }
         deltas = {key: since_last(last, key, v) for key, v in totals.items()}
         self.drafted.inc(deltas["drafted"])
@@ -287,6 +307,9 @@ class Metrics:
         self.prefix_lookups.inc(deltas["prefix_lookups"])
         self.prefix_hits.inc(deltas["prefix_hits"])
         self.prefix_evictions.inc(deltas["prefix_evictions"])
+        self.lookup_verifications.inc(deltas["lookup_verifications"])
+        self.lookup_drafted.inc(deltas["lookup_drafted"])
+        self.lookup_accepted.inc(deltas["lookup_accepted"])
         self._prefix_bytes_by_engine[id(engine)] = stats.prefix_cache_bytes
         self.prefix_bytes.set(sum(self._prefix_bytes_by_engine.values()))
         if deltas["verify_steps"] > 0:
