@@ -192,3 +192,12 @@ def test_swaps_need_a_draft_as_long_as_k():
     assert drafts.swaps(plan, 3, [0.1, 0.1], [True, True]) == [True, False]
     assert drafts.swaps(plan, 4, [0.1, 0.1], [True, True]) == [False, False]  # too short
     assert drafts.swaps(plan, 3, [0.1, 0.1], [False, True]) == [False, False]  # rejection row
+
+
+def test_a_batch_lookup_step_needs_every_row_to_gain():
+    # one sure match and one row without any: alone the sure row would verify a long
+    # lookup draft; beside the other row (which would verify the same length for
+    # nothing) the batch drafts, and the sure row swaps its lookup in
+    assert choose_lookup([0.98], [0.6], 2, COSTS, 12) >= 8
+    assert choose_lookup([0.98, 0.0], [0.6, 0.6], 2, COSTS, 12) == 0
+    assert choose_lookup([0.98, 0.9], [0.6, 0.6], 2, COSTS, 12) >= 8

@@ -28,7 +28,7 @@ from slimspec.cpu import target_form
 from slimspec.cpu.draft_quantization import AUTO, HEAD_BITS, quantize_draft, resolve_auto
 from slimspec.cpu.target_packing import maybe_pack_target
 from slimspec.decoding import grouped_forward
-from slimspec.decoding.adaptive import AcceptanceEstimate, CostModel, choose_batch_k
+from slimspec.decoding.adaptive import PROBE_EVERY, AcceptanceEstimate, CostModel, choose_batch_k
 from slimspec.decoding.compression import CompressedHead, resolve_rerank
 from slimspec.decoding.drafting import (
     Drafter,
@@ -570,8 +570,12 @@ class SpeculativeDecoder(Engine):
         k = self._choose_k(s)
         shadow = self._shadow.due(k, s.ratio)
         k = batch.fit_context(k)
+        # a row that has not drafted for PROBE_EVERY steps drafts now (its estimate of
+        # the draft would otherwise go stale while lookup or plain steps run)
+        probe = any(r.idle_steps >= PROBE_EVERY for r in rows)
         t_lookup = self._clock()
-        plan, lookup = self._lookup_plan(k, shadow)
+        plan, lookup = self._lookup_plan(k, shadow or probe)
+        batch.count_idle(0 if lookup else k)
         sampling = sampling.with_noise(max(k, lookup) + 1, self._verifier.vocab)
         grammar = self._grammar.step(
             [r.req.request_id for r in rows], [r.req.grammar for r in rows]
@@ -584,7 +588,7 @@ class SpeculativeDecoder(Engine):
             k = proposal.k
         else:
             proposal = self._drafter.propose(batch, k, sampling, s.ratio, shadow)
-            if plan is not None and not shadow and len(rows) > 1:
+            if plan is not None and not shadow and not probe and len(rows) > 1:
                 proposal = self._swap_in_lookup(plan, proposal, sampling)
         from_lookup = [proposal.from_lookup(i) for i in range(len(rows))]
         # new rows' prompts share the verification forward: their slots are prefill
@@ -633,15 +637,16 @@ class SpeculativeDecoder(Engine):
         self._compressed.after_step(n_rows, s, proposal, accepted, served, other_s)
         return outputs
 
-    def _lookup_plan(self, k: int, shadow: bool) -> tuple[LookupPlan | None, int]:
+    def _lookup_plan(self, k: int, must_draft: bool) -> tuple[LookupPlan | None, int]:
         """Every row's lookup draft, and how many of its tokens this step verifies instead
-        of drafting k (0: draft). Not on a shadow step (the quality check needs the draft's
-        tokens) nor with constrained rows (their drafts follow the grammar's state)."""
+        of drafting k (0: draft). Not when the step must draft (a shadow check needs the
+        draft's tokens; a probe re-measures the draft) nor with constrained rows (their
+        drafts follow the grammar's state)."""
         rows = self._batch.rows
         if not self._lookup.max_tokens or any(r.req.grammar for r in rows):
             return None, 0
         plan = self._lookup.plan([r.seq for r in rows], [r.ngrams for r in rows])
-        if shadow:
+        if must_draft:
             return plan, 0
         room = self._batch.fit_context(self._lookup.max_tokens)
         length = self._lookup.choose(
@@ -675,7 +680,6 @@ class SpeculativeDecoder(Engine):
             0 if self.adaptive_skip else 1,
             s.max_draft_tokens,
         )
-        self._batch.count_idle(k)
         return k
 
     def _clock(self) -> float:

@@ -148,11 +148,23 @@ def choose_lookup(
     max_tokens: int,
 ) -> int:
     """How many lookup tokens this step verifies, 0 for a draft step: the length with
-    the most expected tokens per unit of time, if that beats the draft step's."""
+    the most expected tokens per unit of time, if that beats the draft step's.
+
+    In a batch, a lookup step also needs every row to expect at least as many tokens
+    from its lookup draft as from the draft's k: every row verifies the same length,
+    and rows without a good match wasted most of it (measured on 8 rows of mixed
+    prompts: 8-token matches kept 312 of 317 tokens while rows without a match or with
+    a 1-token one verified 674 tokens for 32, and the batch served 36 tokens/s against
+    40.5 with the draft alone). Such rows' strong matches swap in instead (`swaps`)."""
     if max_tokens <= 0 or not any(a > 0 for a in lookup_alphas):
         return 0
+    draft_tokens = [1.0 if draft_k == 0 else expected_tokens(a, draft_k) for a in draft_alphas]
     best_len, best = 0, draft_step_rate(draft_alphas, draft_k, costs)
     for length in range(1, max_tokens + 1):
+        if len(lookup_alphas) > 1 and any(
+            expected_tokens(a, length) < d for a, d in zip(lookup_alphas, draft_tokens, strict=True)
+        ):
+            continue
         rate = lookup_step_rate(lookup_alphas, length, costs)
         if rate > best + 1e-12:
             best_len, best = length, rate
