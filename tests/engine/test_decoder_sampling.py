@@ -100,20 +100,27 @@ def _wrong_coupling(p, noise, draft_tokens):
 def test_sampled_outputs_follow_target_distribution(
     small_vocab_pair, sp, ratio, seeded, monkeypatch
 ):
-    target, draft = small_vocab_pair
-    joint = _exact_joint(target, sp)
-    threshold = _noise_threshold(joint)
-    emp, stats = _speculative_joint(target, draft, sp, ratio, seeded)
+    stats = _follows_exact_joint(small_vocab_pair, sp, ratio, seeded, monkeypatch)
     assert 0 < stats.accepted < stats.drafted  # acceptances and rejections both happened
+
+
+def _follows_exact_joint(pair, sp, ratio, seeded, monkeypatch, prompt=PROMPT):
+    """The speculative joint of two sampled tokens is within sampling noise of the exact
+    one, and (negative control) the same check catches a wrong acceptance rule; the
+    good run's stats."""
+    target, draft = pair
+    joint = _exact_joint(target, sp, prompt)
+    threshold = _noise_threshold(joint)
+    emp, stats = _speculative_joint(target, draft, sp, ratio, seeded, prompt)
     tv = _tv(emp, joint)
     assert tv < threshold, (tv, threshold)
-    # Negative control: the same test must catch a wrong acceptance rule.
     if seeded:
         monkeypatch.setattr(S, "verify_coupled", _wrong_coupling)
     else:
         monkeypatch.setattr(S, "verify_rejection", _wrong_rule)
-    tv_bad = _tv(_speculative_joint(target, draft, sp, ratio, seeded)[0], joint)
+    tv_bad = _tv(_speculative_joint(target, draft, sp, ratio, seeded, prompt)[0], joint)
     assert tv_bad > threshold, (tv_bad, threshold)
+    return stats
 
 
 def test_seeded_runs_reproduce(tiny_llama_pair):
@@ -167,19 +174,8 @@ def test_lookup_drafts_follow_target_distribution(small_vocab_pair, seeded, monk
         return min(2, max_tokens) if any(plan.ns) else 0
 
     monkeypatch.setattr(LookupDrafts, "choose", always)
-    target, draft = small_vocab_pair
     # [3, 8] proposes 10 (p 0.41), 3: the rule is wrong where it matters
     sp, prompt = SamplingParams(temperature=1.0), [3, 8, 10, 3, 8]
-    joint = _exact_joint(target, sp, prompt)
-    threshold = _noise_threshold(joint)
-    emp, stats = _speculative_joint(target, draft, sp, 0.3, seeded, prompt)
+    stats = _follows_exact_joint(small_vocab_pair, sp, 0.3, seeded, monkeypatch, prompt)
     # every request's first step verifies a lookup draft; both branches of the rule ran
     assert stats.lookup_verifications >= N and 0 < stats.lookup_accepted < stats.lookup_drafted
-    tv = _tv(emp, joint)
-    assert tv < threshold, (tv, threshold)
-    if seeded:
-        monkeypatch.setattr(S, "verify_coupled", _wrong_coupling)
-    else:
-        monkeypatch.setattr(S, "verify_rejection", _wrong_rule)
-    tv_bad = _tv(_speculative_joint(target, draft, sp, 0.3, seeded, prompt)[0], joint)
-    assert tv_bad > threshold, (tv_bad, threshold)

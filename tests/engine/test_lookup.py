@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from slimspec import SpeculativeDecoder
-from slimspec.decoding.adaptive import RelativeCosts
+from slimspec.decoding.adaptive import PROBE_EVERY, RelativeCosts
 from slimspec.decoding.lookup import (
     MAX_NGRAM,
     LookupAcceptance,
@@ -201,3 +201,22 @@ def test_a_batch_lookup_step_needs_every_row_to_gain():
     assert choose_lookup([0.98], [0.6], 2, COSTS, 12) >= 8
     assert choose_lookup([0.98, 0.0], [0.6, 0.6], 2, COSTS, 12) == 0
     assert choose_lookup([0.98, 0.9], [0.6, 0.6], 2, COSTS, 12) >= 8
+
+
+def test_the_draft_still_drafts_every_few_steps_where_lookup_always_wins(
+    tiny_llama_pair, monkeypatch
+):
+    # lookup steps everywhere: the rows' draft estimates would never move again, so a
+    # row that has not drafted for PROBE_EVERY steps drafts once
+    def choose(self, plan, draft_alphas, draft_k, costs, max_tokens):
+        return min(2, max_tokens)
+
+    monkeypatch.setattr(LookupDrafts, "choose", choose)
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder.from_models(target, draft, num_draft_tokens=2, shadow_every=10**6)
+    res = dec.generate(LOOPS[0], 60, stop_token_ids=[])
+    assert res.output_ids == target_greedy(target, LOOPS[0], 60)
+    st = dec.stats
+    draft_steps = st.batch_steps - st.lookup_verifications
+    assert st.lookup_verifications > 0
+    assert draft_steps >= st.batch_steps // (PROBE_EVERY + 1) and st.draft_forwards > 0

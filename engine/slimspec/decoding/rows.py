@@ -46,7 +46,7 @@ class Row:
     stats: RequestStats = field(default_factory=RequestStats)
     seed: int | None = None  # sampling rows only; randomness is keyed by (seed, position)
     est: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
-    idle_steps: int = 0  # consecutive k = 0 steps (adaptive skip)
+    idle_steps: int = 0  # consecutive steps without a draft (k = 0, or lookup drafts)
     logprobs: list[TokenLogprob] | None = None  # per output token, when the request asked
     ngrams: NgramIndex = field(default_factory=NgramIndex)  # lookup drafts' index of seq
 
