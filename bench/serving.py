@@ -227,6 +227,7 @@ def ratio_effect_runs(
             "p99_s": max((w["p99_s"] or 0) for w in runs[r]),
             "acceptance": [w["acceptance"] for w in runs[r]],
             "drafted_per_verify_step": [w["drafted_per_verify_step"] for w in runs[r]],
+            "lookup_share": [w["lookup_share"] for w in runs[r]],
             "measured_vs_first": round(tps / ref_tps, 3) if ref_tps else None,
             "predicted_vs_first": round(statistics.fmean(pred), 3) if pred else None,
         }
