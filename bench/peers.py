@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             order = list(configs) if i % 2 == 0 else list(reversed(configs))  # alternate
             for name in order:
                 rows[name].append(configs[name](ids))
-            # exactness in every run: the speculative decoders' text is the target-only
-            # decoding's with the same kernels (the dense target's, its own greedy text)
+            # exactness in every run: the gguf speculative runs' text is the gguf
+            # target-only run's (same kernels)
             want = rows["slimspec_target_only_gguf"][-1]["output"]
             for name in order:
                 row = rows[name][-1]

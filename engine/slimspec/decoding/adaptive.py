@@ -167,11 +167,21 @@ def best_k(alphas: Sequence[float], costs: RelativeCosts, k_min: int, k_max: int
     """
     chosen, best = k_min, -1.0
     for k in range(k_min, k_max + 1):
-        tokens = len(alphas) if k == 0 else sum(expected_tokens(a, k) for a in alphas)
-        rate = tokens / max(1e-12, costs.step(k))
+        rate = step_rate(alphas, k, costs)
         if rate > best + 1e-12:
             chosen, best = k, rate
     return chosen
+
+
+def step_tokens(alpha: float, k: int) -> float:
+    """Expected tokens a row emits from a step of k drafts (k = 0: the one target token)."""
+    return 1.0 if k == 0 else expected_tokens(alpha, k)
+
+
+def step_rate(alphas: Sequence[float], k: int, costs: RelativeCosts) -> float:
+    """Expected tokens per unit of time of a step of k drafts over rows of these
+    acceptances (`best_k` searches k by it; lookup.py weighs lookup steps against it)."""
+    return sum(step_tokens(a, k) for a in alphas) / max(1e-12, costs.step(k))
 
 
 def relative_costs(

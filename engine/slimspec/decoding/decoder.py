@@ -599,8 +599,10 @@ class SpeculativeDecoder(Engine):
         if lookup:  # the draft cache saw none of it: its backlog feeds the next draft step
             self._cost.observe_verification(verdict.seconds, verified + riding_tokens)
         else:  # the draft cache keeps none of a swapped row's drafts
-            swapped = torch.tensor(from_lookup, device=verdict.num_accepted.device)
-            draft_kept = verdict.num_accepted.masked_fill(swapped, 0)
+            draft_kept = verdict.num_accepted
+            if proposal.swapped:
+                swapped = torch.tensor(proposal.swapped, device=draft_kept.device)
+                draft_kept = draft_kept.masked_fill(swapped, 0)
             self._drafter.keep_accepted(batch, proposal, draft_kept)
             self._cost.observe(
                 proposal.seconds,

@@ -25,7 +25,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from slimspec.decoding.adaptive import AcceptanceEstimate, RelativeCosts, expected_tokens
+from slimspec.decoding.adaptive import (
+    AcceptanceEstimate,
+    RelativeCosts,
+    expected_tokens,
+    step_rate,
+    step_tokens,
+)
 
 MAX_NGRAM = 8  # longest suffix matched; matches this long mostly repeat for many tokens
 DEFAULT_LOOKUP_TOKENS = 12  # most tokens a lookup proposes (the cost model picks fewer)
@@ -134,12 +140,6 @@ def lookup_step_rate(alphas: Sequence[float], length: int, costs: RelativeCosts)
     return tokens / max(1e-12, costs.verify + length * costs.verify_per_token)
 
 
-def draft_step_rate(alphas: Sequence[float], k: int, costs: RelativeCosts) -> float:
-    """Expected tokens per unit of time of the draft step the adaptive k chose."""
-    tokens = len(alphas) if k == 0 else sum(expected_tokens(a, k) for a in alphas)
-    return tokens / max(1e-12, costs.step(k))
-
-
 def choose_lookup(
     lookup_alphas: Sequence[float],
     draft_alphas: Sequence[float],
@@ -158,8 +158,8 @@ def choose_lookup(
     40.5 with the draft alone). Such rows' strong matches swap in instead (`swaps`)."""
     if max_tokens <= 0 or not any(a > 0 for a in lookup_alphas):
         return 0
-    draft_tokens = [1.0 if draft_k == 0 else expected_tokens(a, draft_k) for a in draft_alphas]
-    best_len, best = 0, draft_step_rate(draft_alphas, draft_k, costs)
+    draft_tokens = [step_tokens(a, draft_k) for a in draft_alphas]
+    best_len, best = 0, step_rate(draft_alphas, draft_k, costs)
     for length in range(1, max_tokens + 1):
         if len(lookup_alphas) > 1 and any(
             expected_tokens(a, length) < d for a, d in zip(lookup_alphas, draft_tokens, strict=True)
@@ -208,8 +208,9 @@ class LookupDrafts:
         max_tokens: int,
     ) -> int:
         """Lookup tokens this step verifies (0: the draft step), at most max_tokens."""
-        alphas = [self.acceptance.alpha(n) for n in plan.ns]
-        return choose_lookup(alphas, draft_alphas, draft_k, costs, min(max_tokens, self.max_tokens))
+        return choose_lookup(
+            self.alphas(plan), draft_alphas, draft_k, costs, min(max_tokens, self.max_tokens)
+        )
 
     def swaps(
         self,
@@ -221,11 +222,16 @@ class LookupDrafts:
         """In a draft step of k drafts: the rows that verify their lookup draft instead,
         where it is expected to keep more of its k tokens than the draft's (rows whose
         verification compares tokens only: greedy and seeded ones)."""
-        alphas = [self.acceptance.alpha(n) for n in plan.ns]
         return [
             ok and 0 < k <= len(d) and expected_tokens(lk, k) > expected_tokens(a, k)
-            for d, lk, a, ok in zip(plan.drafts, alphas, draft_alphas, compares_tokens, strict=True)
+            for d, lk, a, ok in zip(
+                plan.drafts, self.alphas(plan), draft_alphas, compares_tokens, strict=True
+            )
         ]
+
+    def alphas(self, plan: LookupPlan) -> list[float]:
+        """Each row's lookup acceptance, by its match length."""
+        return [self.acceptance.alpha(n) for n in plan.ns]
 
     def learn(
         self,
