@@ -192,6 +192,15 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "off (env SLIMSPEC_PREFIX_CACHE_MB; default 256)",
     )
     p.add_argument(
+        "--lookup-tokens",
+        type=int,
+        default=None,
+        help="most tokens a lookup draft proposes: where a request's last tokens occurred "
+        "earlier in its prompt or output, what followed them then is verified instead of "
+        "the draft model's tokens on the steps where that pays; 0 = off (env "
+        "SLIMSPEC_LOOKUP_TOKENS; default 12). Output stays the same",
+    )
+    p.add_argument(
         "--blocked-words",
         default=e("SLIMSPEC_BLOCKED_WORDS", ""),
         help="comma-separated words replaced by *** in outputs",
@@ -247,6 +256,16 @@ def prefix_cache_mb(value: float | None, env: Mapping[str, str]) -> float:
         return resolve_mb(value, env)
     except ValueError as exc:
         raise ValueError(f"--prefix-cache-mb: {exc}") from None
+
+
+def lookup_tokens(value: int | None, env: Mapping[str, str]) -> int:
+    """--lookup-tokens, else SLIMSPEC_LOOKUP_TOKENS, else the default (>= 0; 0 = off)."""
+    from slimspec.decoding.lookup import resolve_lookup_tokens
+
+    try:
+        return resolve_lookup_tokens(value, env)
+    except ValueError as exc:
+        raise ValueError(f"--lookup-tokens: {exc}") from None
 
 
 def positive(flag: str, value: float) -> Any:
@@ -321,13 +340,16 @@ def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     try:
         cfg = build_config(args, env)
         cache_mb = prefix_cache_mb(args.prefix_cache_mb, env)
+        lookup = lookup_tokens(args.lookup_tokens, env)
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    # The engines read their prefix cache size from the environment (every engine this
-    # process loads, hot swaps included, gets the same size).
-    from slimspec.decoding.prefix_cache import ENV
+    # The engines read their prefix cache size and lookup drafts' length from the
+    # environment (every engine this process loads, hot swaps included, gets the same).
+    from slimspec.decoding import lookup as lookup_drafts
+    from slimspec.decoding import prefix_cache
 
-    os.environ[ENV] = f"{cache_mb:g}"
+    os.environ[prefix_cache.ENV] = f"{cache_mb:g}"
+    os.environ[lookup_drafts.ENV] = str(lookup)
     import uvicorn
 
     from slimspec.server.app import create_app

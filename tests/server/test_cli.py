@@ -127,6 +127,20 @@ def test_target_quantization_from_env_and_flag() -> None:
         build_config(serve_parser({}).parse_args(["--target-quantization", "int4"]), {})
 
 
+def test_lookup_tokens_from_env_and_flag() -> None:
+    from slimspec.cli import lookup_tokens
+    from slimspec.decoding.lookup import DEFAULT_LOOKUP_TOKENS
+
+    assert serve_parser({}).parse_args([]).lookup_tokens is None
+    assert lookup_tokens(None, {}) == DEFAULT_LOOKUP_TOKENS
+    assert lookup_tokens(None, {"SLIMSPEC_LOOKUP_TOKENS": "6"}) == 6
+    args = serve_parser({}).parse_args(["--lookup-tokens", "0"])  # off
+    assert lookup_tokens(args.lookup_tokens, {"SLIMSPEC_LOOKUP_TOKENS": "6"}) == 0
+    for bad_flag, bad_env in ((-1, {}), (None, {"SLIMSPEC_LOOKUP_TOKENS": "many"})):
+        with pytest.raises(ValueError, match="--lookup-tokens"):
+            lookup_tokens(bad_flag, bad_env)
+
+
 def test_prefix_cache_size_from_env_and_flag() -> None:
     from slimspec.cli import prefix_cache_mb
     from slimspec.decoding.prefix_cache import DEFAULT_MB

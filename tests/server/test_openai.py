@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from slimspec.decoding.lookup import resolve_lookup_tokens
 
 
 @pytest.fixture
@@ -18,6 +19,8 @@ def test_models_list(client: openai.OpenAI) -> None:
     # what the target's weights are served from: the tiny dense models, as loaded
     entry = models.data[0].model_dump()
     assert entry["target_quantization"] == "none" and entry["target_form"]
+    # lookup drafts' most tokens, as the process's SLIMSPEC_LOOKUP_TOKENS (or the default) set
+    assert entry["lookup_tokens"] == resolve_lookup_tokens(None) > 0
 
 
 def test_completion_and_stream_agree(client: openai.OpenAI) -> None:

@@ -33,6 +33,11 @@ def target_only(tiny) -> Iterator[openai.OpenAI]:
         yield client_for(base)
 
 
+def test_models_list_says_the_target_only_engine_looks_nothing_up(target_only) -> None:
+    entry = target_only.models.list().data[0].model_dump()
+    assert entry["lookup_tokens"] == 0
+
+
 def entries(resp) -> list[tuple[str, float, list[tuple[str, float]]]]:
     return [
         (e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])

@@ -58,6 +58,11 @@ class Engine(StepEngine, Protocol):
         ...
 
     @property
+    def lookup_tokens(self) -> int:
+        """The most tokens a lookup draft proposes (decoding/lookup.py; 0: none)."""
+        ...
+
+    @property
     def ratio_report(self) -> RatioReport | None:
         """The latest prediction of what each ratio costs and buys (None: none yet, or
         no draft head)."""

@@ -22,7 +22,7 @@ Pure decisions and a per-row index; the decoder does the forwards.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slimspec.decoding.adaptive import (
@@ -35,6 +35,7 @@ from slimspec.decoding.adaptive import (
 
 MAX_NGRAM = 8  # longest suffix matched; matches this long mostly repeat for many tokens
 DEFAULT_LOOKUP_TOKENS = 12  # most tokens a lookup proposes (the cost model picks fewer)
+ENV = "SLIMSPEC_LOOKUP_TOKENS"
 
 # Per-token acceptance by match length n (1 .. MAX_NGRAM), measured on the default
 # pair's greedy continuations of 250-token code and English prompts (docs/engine.md,
@@ -42,11 +43,13 @@ DEFAULT_LOOKUP_TOKENS = 12  # most tokens a lookup proposes (the cost model pick
 PRIOR_ALPHA = (0.44, 0.56, 0.68, 0.71, 0.7, 0.7, 0.7, 0.95)
 
 
-def resolve_lookup_tokens(lookup_tokens: int | None) -> int:
+def resolve_lookup_tokens(lookup_tokens: int | None, env: Mapping[str, str] | None = None) -> int:
     """The most tokens a lookup draft proposes; 0 turns lookup drafts off. None reads
-    SLIMSPEC_LOOKUP_TOKENS (default DEFAULT_LOOKUP_TOKENS)."""
+    SLIMSPEC_LOOKUP_TOKENS from env (default: the process's; DEFAULT_LOOKUP_TOKENS where
+    unset)."""
     if lookup_tokens is None:
-        raw = os.environ.get("SLIMSPEC_LOOKUP_TOKENS", str(DEFAULT_LOOKUP_TOKENS))
+        env = os.environ if env is None else env
+        raw = env.get(ENV, str(DEFAULT_LOOKUP_TOKENS))
         try:
             lookup_tokens = int(raw)
         except ValueError:

@@ -96,6 +96,10 @@ class TargetOnlyEngine(Engine):
     def compression_ratio(self) -> float:
         return NO_DRAFT_RATIO
 
+    @property
+    def lookup_tokens(self) -> int:
+        return 0  # every token is the target's own: nothing is drafted
+
     def set_compression_ratio(self, ratio: float) -> None:
         pass
 

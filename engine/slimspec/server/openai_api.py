@@ -649,6 +649,8 @@ async def models(request: Request) -> dict[str, Any]:
                 # The target's weight form in force (gguf | int8 | none) and its detail.
                 "target_quantization": served.engine.target_form.quantization,
                 "target_form": served.engine.target_form.detail,
+                # lookup drafts' most tokens (0: off, and always without a draft)
+                "lookup_tokens": served.engine.lookup_tokens,
             }
         )
     return {"object": "list", "data": data}
