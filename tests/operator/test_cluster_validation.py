@@ -142,6 +142,13 @@ CASES += [
         {"env": [{"name": "MODEL_PATH", "value": "/elsewhere"}]},
         "engine.env must not set a variable the operator sets",
     ),
+    ("spec.engine", {"lookupTokens": 65}, "spec.engine.lookupTokens: Invalid value"),
+    ("spec.engine", {"lookupTokens": -1}, "spec.engine.lookupTokens: Invalid value"),
+    (
+        "spec.engine",
+        {"env": [{"name": "SLIMSPEC_LOOKUP_TOKENS", "value": "4"}]},
+        "engine.env must not set a variable the operator sets",
+    ),
     (
         "spec.disruptionBudget",
         {"maxUnavailable": 1, "minAvailable": 1},

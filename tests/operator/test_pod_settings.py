@@ -259,6 +259,23 @@ def test_target_quantization_reaches_the_engine_and_bad_values_are_refused() -> 
     ]  # fmt: skip
 
 
+def test_lookup_tokens_reach_the_engine_and_bad_values_are_refused() -> None:
+    def env_of(s: SlimSpecService) -> dict[str, Any]:
+        return {e["name"]: e.get("value") for e in pod_of(s)["spec"]["containers"][0]["env"]}
+
+    assert env_of(svc())["SLIMSPEC_LOOKUP_TOKENS"] == "12"
+    off = svc(engine={"lookupTokens": 0})
+    assert env_of(off)["SLIMSPEC_LOOKUP_TOKENS"] == "0"
+    assert pod_of(off) != pod_of(svc())  # another length is another pod template: a rollout
+    for bad in (-1, 65, "many"):
+        with pytest.raises(ValidationError, match="lookupTokens"):
+            svc(engine={"lookupTokens": bad})
+    with pytest.raises(ValidationError, match="must not set"):
+        svc(engine={"env": [{"name": "SLIMSPEC_LOOKUP_TOKENS", "value": "1"}]})
+    field = SPEC["properties"]["engine"]["properties"]["lookupTokens"]
+    assert (field["minimum"], field["maximum"], field["default"]) == (0, 64, 12)
+
+
 def test_prefix_cache_size_reaches_the_engine_and_bad_values_are_refused() -> None:
     def env_of(s: SlimSpecService) -> dict[str, Any]:
         return {e["name"]: e.get("value") for e in pod_of(s)["spec"]["containers"][0]["env"]}

@@ -34,6 +34,7 @@ RESERVED_ENV = (
     "DRAFT_MODEL_PATH",
     "SLIMSPEC_TARGET_QUANTIZATION",
     "SLIMSPEC_PREFIX_CACHE_MB",
+    "SLIMSPEC_LOOKUP_TOKENS",
     "MODEL_VERSION",
     "COMPRESSION_RATIO",
     "QUALITY_THRESHOLD",
@@ -159,6 +160,8 @@ class EnvFromSource(_Model):
 class EngineSpec(_Model):
     # The engine's SLIMSPEC_PREFIX_CACHE_MB (engine/slimspec/decoding/prefix_cache.py).
     prefix_cache_mb: int = Field(256, ge=0, le=65536, alias="prefixCacheMB")
+    # The engine's SLIMSPEC_LOOKUP_TOKENS (engine/slimspec/decoding/lookup.py).
+    lookup_tokens: int = Field(12, ge=0, le=64)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     env_from: list[EnvFromSource] = Field(default_factory=list, max_length=16)
     args: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(
