@@ -259,35 +259,27 @@ def test_target_quantization_reaches_the_engine_and_bad_values_are_refused() -> 
     ]  # fmt: skip
 
 
-def test_lookup_tokens_reach_the_engine_and_bad_values_are_refused() -> None:
+@pytest.mark.parametrize(
+    ("field", "variable", "default", "bad"),
+    [
+        ("prefixCacheMB", "SLIMSPEC_PREFIX_CACHE_MB", (0, 65536, 256), (-1, 70000)),
+        ("lookupTokens", "SLIMSPEC_LOOKUP_TOKENS", (0, 64, 12), (-1, 65, "many")),
+    ],
+)
+def test_engine_settings_reach_the_engine_and_bad_values_are_refused(
+    field: str, variable: str, default: tuple[int, int, int], bad: tuple[Any, ...]
+) -> None:
     def env_of(s: SlimSpecService) -> dict[str, Any]:
         return {e["name"]: e.get("value") for e in pod_of(s)["spec"]["containers"][0]["env"]}
 
-    assert env_of(svc())["SLIMSPEC_LOOKUP_TOKENS"] == "12"
-    off = svc(engine={"lookupTokens": 0})
-    assert env_of(off)["SLIMSPEC_LOOKUP_TOKENS"] == "0"
-    assert pod_of(off) != pod_of(svc())  # another length is another pod template: a rollout
-    for bad in (-1, 65, "many"):
-        with pytest.raises(ValidationError, match="lookupTokens"):
-            svc(engine={"lookupTokens": bad})
+    assert env_of(svc())[variable] == str(default[2])  # (minimum, maximum, default)
+    off = svc(engine={field: 0})
+    assert env_of(off)[variable] == "0"
+    assert pod_of(off) != pod_of(svc())  # another value is another pod template: a rollout
+    for b in bad:
+        with pytest.raises(ValidationError, match=field):
+            svc(engine={field: b})
     with pytest.raises(ValidationError, match="must not set"):
-        svc(engine={"env": [{"name": "SLIMSPEC_LOOKUP_TOKENS", "value": "1"}]})
-    field = SPEC["properties"]["engine"]["properties"]["lookupTokens"]
-    assert (field["minimum"], field["maximum"], field["default"]) == (0, 64, 12)
-
-
-def test_prefix_cache_size_reaches_the_engine_and_bad_values_are_refused() -> None:
-    def env_of(s: SlimSpecService) -> dict[str, Any]:
-        return {e["name"]: e.get("value") for e in pod_of(s)["spec"]["containers"][0]["env"]}
-
-    assert env_of(svc())["SLIMSPEC_PREFIX_CACHE_MB"] == "256"
-    off = svc(engine={"prefixCacheMB": 0})
-    assert env_of(off)["SLIMSPEC_PREFIX_CACHE_MB"] == "0"
-    assert pod_of(off) != pod_of(svc())  # another size is another pod template: a rollout
-    for bad in (-1, 70000):
-        with pytest.raises(ValidationError, match="prefixCacheMB"):
-            svc(engine={"prefixCacheMB": bad})
-    with pytest.raises(ValidationError, match="must not set"):
-        svc(engine={"env": [{"name": "SLIMSPEC_PREFIX_CACHE_MB", "value": "1"}]})
-    field = SPEC["properties"]["engine"]["properties"]["prefixCacheMB"]
-    assert (field["minimum"], field["maximum"], field["default"]) == (0, 65536, 256)
+        svc(engine={"env": [{"name": variable, "value": "1"}]})
+    schema = SPEC["properties"]["engine"]["properties"][field]
+    assert (schema["minimum"], schema["maximum"], schema["default"]) == default
