@@ -69,8 +69,9 @@ def test_simd_and_portable_paths_agree_bit_for_bit(ggml_type):
     if gk.path() in ("portable", "unavailable"):
         pytest.skip(f"this CPU runs the {gk.path()} path only")
     blocks = torch.from_numpy(random_blocks(ggml_type, 40, 1024, seed=3))
-    # 1-4 rows, 5-7 (the offsets in row lanes; below the tiles), 13 (a group and a rest)
-    for m in (1, 3, 5, 7, 13):
+    # 1-4 rows, 5-7 (the offsets in row lanes; below the tiles), 9, 13 and 15 (a group
+    # of 8 and a rest of 1, 5 and 7)
+    for m in (1, 3, 5, 7, 9, 13, 15):
         x = torch.randn(m, 1024)
         simd = gk.matmul(ggml_type, blocks, 1024, x)
         assert torch.equal(simd, gk.matmul(ggml_type, blocks, 1024, x, scalar=True)), m
