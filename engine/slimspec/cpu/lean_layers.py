@@ -23,11 +23,14 @@ order, so verification stays exact: speculative and target-only runs use this pa
 
 Layers of any other shape, calls the lean path does not cover (training, attention
 weights asked for, activations the kernels do not take) run the original forward.
+lean_stack.py runs the glued layers of a whole decoder stack in one loop
+(`LeanLayer.glued_rows`), without the decoder layers' module calls.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -192,25 +195,46 @@ class LeanLayer:
         sin: torch.Tensor,
         kwargs: dict[str, Any],
     ) -> torch.Tensor:
-        """The layer with everything but its attention in two native calls
-        (gguf_kernels.layer_pre and layer_post): torch's bf16 arithmetic step by step,
-        but for the norms' sum order and SiLU's exp, each row on its own."""
-        attn = self.attn
         b, t, width = hidden_states.shape
-        rows = hidden_states.reshape(b * t, width).contiguous()
-        q, k, v = gguf_kernels.layer_pre(
-            rows,
-            self.norm_in.weight,
-            self.norm_in.variance_epsilon,
-            self.qkv,
+        rows = self.glued_rows(
+            hidden_states.reshape(b * t, width).contiguous(),
+            b,
+            t,
             cos.expand(b, t, -1).reshape(b * t, -1).contiguous(),
             sin.expand(b, t, -1).reshape(b * t, -1).contiguous(),
+            cache,
+            kwargs,
+            lambda q, k, v: self._attention(q, k, v, attention_mask, kwargs),
+        )
+        return rows.view(b, t, width)
+
+    def glued_rows(
+        self,
+        rows: torch.Tensor,
+        b: int,
+        t: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: Any,
+        cache_kwargs: dict[str, Any],
+        attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The layer with everything but its attention in two native calls
+        (gguf_kernels.layer_pre and layer_post): torch's bf16 arithmetic step by step,
+        but for the norms' sum order and SiLU's exp, each row on its own.
+
+        rows (b*t, width) and cos/sin (b*t, head_dim) bf16, contiguous; attend(q, k, v)
+        with q (b, Hq, t, d), k/v (b, Hkv, L, d) after the cache's update -> (b, t, Hq, d).
+        Returns the layer's output rows (b*t, width)."""
+        attn = self.attn
+        q, k, v = gguf_kernels.layer_pre(
+            rows, self.norm_in.weight, self.norm_in.variance_epsilon, self.qkv, cos, sin
         )
         q, k, v = (y.view(b, t, -1, attn.head_dim).transpose(1, 2) for y in (q, k, v))
         if cache is not None:
-            k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
-        out = self._attention(q, k, v, attention_mask, kwargs).reshape(b * t, -1).contiguous()
-        out = gguf_kernels.layer_post(
+            k, v = cache.update(k, v, attn.layer_idx, kwargs=cache_kwargs)
+        out = attend(q, k, v).reshape(b * t, -1).contiguous()
+        return gguf_kernels.layer_post(
             rows,
             out,
             self.o,
@@ -219,7 +243,6 @@ class LeanLayer:
             self.gate_up,
             self.down,
         )
-        return out.view(b, t, width)
 
 
 def use_for(model: nn.Module) -> int:

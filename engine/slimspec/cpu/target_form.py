@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from slimspec.cpu import gguf_kernels, lean_layers, rowwise_attention
+from slimspec.cpu import gguf_kernels, lean_layers, lean_stack, rowwise_attention
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +145,12 @@ def _apply(model: Any, setting: str, model_dir: Path | None) -> TargetForm:
 
 def _lean_forward(model: Any) -> None:
     """The forward of a target whose projections are block layers: grouped projections,
-    row-by-row attention, and decoder layers without the modules' dispatch."""
+    row-by-row attention, decoder layers without the modules' dispatch, and a decoder
+    stack that runs them as one loop."""
     group_projections(model)
     rowwise_attention.use_for(model)
     lean_layers.use_for(model)
+    lean_stack.use_for(model)
 
 
 # Projections that read the same input, by attribute name (Qwen2, Llama and kin).

@@ -1,0 +1,207 @@
+"""The decoder stack of a target served from blocks, run as one loop over its glued
+layers (lean_layers.py) without the framework's per-layer and model-level work.
+
+Why: with the layers glued, a one-row step of the 1.5B target is ~30 ms of native
+products on a fast-memory CPU, and what transformers does around them per layer (the
+decoder layer's module call and keyword wrappers, the attention interface lookup, the
+mask sliced and compared again, cos/sin expanded again: 28 times a step) cost ~3 ms of
+a ~34 ms step on a 2-core AMD EPYC Zen 4 (docs/engine.md). `LeanStack` does that work
+once per forward: the model's own `create_causal_mask` and rotary embedding, the mask
+read into "may attend" once, cos/sin laid out once, then per layer the same native
+calls in the same order (gguf_kernels.layer_pre, the cache's own update,
+attention_rows, layer_post), so every value is bit for bit what the per-layer path
+gives (tests compare).
+
+Anything else runs the model's own forward: inputs given as embeddings, hidden states
+or attentions asked for, other keyword arguments (a grouped step's, a deprecated
+name), hooks on the layers, training, an attention implementation other than the row
+attention, a layer that is not glued or not the lean one any more (lean_layers.undo).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+from transformers import DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+from slimspec.cpu import gguf_kernels, rowwise_attention
+from slimspec.cpu.lean_layers import LeanLayer
+from slimspec.cpu.target_attention import allowed_keys
+
+STACKS = {"Qwen2Model", "LlamaModel"}
+# the row attention, alone or wrapped for grouped forwards (decoding/grouped_forward.py)
+ROW_ATTENTION = {rowwise_attention.NAME, "slimspec_grouped_" + rowwise_attention.NAME}
+# keyword arguments the stack takes when they ask for nothing beyond the last hidden state
+QUIET = {"output_attentions", "output_hidden_states", "return_dict"}
+
+
+def _inert(hook: Any) -> bool:
+    """transformers' output-capturing hook: installed on the layers by the first call
+    that asks for hidden states and kept, it records only while such a call runs."""
+    return getattr(hook, "__qualname__", "").endswith("<locals>.output_capturing_hook")
+
+
+class LeanStack:
+    """A decoder stack's forward as its glued layers compute it, minus the dispatch."""
+
+    def __init__(self, base: Any) -> None:  # a decoder stack that fits()
+        self.base = base
+        self.original = base.forward  # the class's forward, bound to the stack
+        self.decoder_layers: list[nn.Module] = list(base.layers[: base.config.num_hidden_layers])
+        self.create_mask = sys.modules[type(base).__module__].create_causal_mask
+        # Qwen2 returns no cache when none is used; Llama returns what it was given
+        self.cache_always = type(base).__name__ == "LlamaModel"
+
+    @staticmethod
+    def fits(base: nn.Module) -> bool:
+        config = getattr(base, "config", None)
+        layers = getattr(base, "layers", None)
+        family = sys.modules.get(type(base).__module__)
+        return (
+            type(base).__name__ in STACKS
+            and config is not None
+            and layers is not None
+            and len(layers) >= config.num_hidden_layers
+            and all(isinstance(vars(layer).get("lean"), LeanLayer) for layer in layers)
+            and all(getattr(layer.self_attn, "sliding_window", None) is None for layer in layers)
+            and not getattr(base, "has_sliding_layers", False)
+            and getattr(config, "is_causal", True)
+            and config.num_attention_heads % config.num_key_value_heads == 0
+            and hasattr(family, "create_causal_mask")
+        )
+
+    def _lean_layers(
+        self, input_ids: Any, inputs_embeds: Any, kwargs: dict[str, Any]
+    ) -> list[LeanLayer] | None:
+        """The layers' lean forwards when this call is one the loop computes as the
+        model would, else None. Read on every call: lean_layers.use_for/undo or a
+        hook on a layer change what the model would do."""
+        base, config = self.base, self.base.config
+        if (
+            input_ids is None
+            or inputs_embeds is not None
+            or base.training
+            or config._attn_implementation not in ROW_ATTENTION
+            or config.output_attentions
+            or config.output_hidden_states
+            or not config.return_dict
+            or any(key not in QUIET for key in kwargs)
+            or kwargs.get("output_attentions")
+            or kwargs.get("output_hidden_states")
+            or kwargs.get("return_dict") is False
+            or torch_module._global_forward_hooks
+            or torch_module._global_forward_pre_hooks
+        ):
+            return None
+        leans = []
+        for layer in self.decoder_layers:
+            lean = vars(layer).get("lean")
+            if (
+                not isinstance(lean, LeanLayer)
+                or not lean.glued
+                or any(not _inert(hook) for hook in layer._forward_hooks.values())
+                or layer._forward_pre_hooks
+                or lean.norm_in.weight.dtype != torch.bfloat16
+                or lean.norm_post.weight.dtype != torch.bfloat16
+            ):
+                return None
+            leans.append(lean)
+        return leans
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        leans = self._lean_layers(input_ids, inputs_embeds, kwargs)
+        if leans is None:
+            return self.original(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                inputs_embeds=inputs_embeds,
+                use_cache=use_cache,
+                **kwargs,
+            )
+        base = self.base
+        assert input_ids is not None  # checked by _lean_layers
+        h = base.embed_tokens(input_ids)
+        if h.dim() != 3 or not gguf_kernels.native_input(h) or h.dtype != torch.bfloat16:
+            return self.original(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=use_cache,
+                **kwargs,
+            )
+        if use_cache is None:
+            use_cache = base.config.use_cache
+        if use_cache and cache is None:
+            cache = DynamicCache(config=base.config)
+        if position_ids is None:
+            seen = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(h.shape[1], device=h.device) + seen).unsqueeze(0)
+        mask = self.create_mask(
+            config=base.config,
+            inputs_embeds=h,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+        )
+        cos, sin = base.rotary_emb(h, position_ids)
+        b, t, width = h.shape
+        # what each glued layer would lay out for itself
+        cos = cos.expand(b, t, -1).reshape(b * t, -1).contiguous()
+        sin = sin.expand(b, t, -1).reshape(b * t, -1).contiguous()
+        rows = h.reshape(b * t, width).contiguous()
+        cache_kwargs = {"position_ids": position_ids, "use_cache": use_cache}
+        allowed: dict[int, torch.Tensor | None] = {}  # by key count: one read of the mask
+
+        for lean in leans:
+
+            def attend(
+                q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = lean.attn.scaling
+            ) -> torch.Tensor:
+                n_keys = k.shape[2]
+                if n_keys not in allowed:
+                    allowed[n_keys] = allowed_keys(mask, t, n_keys)
+                return gguf_kernels.attention_rows(
+                    q.transpose(1, 2), k, v, allowed[n_keys], float(scale), out_dtype=torch.bfloat16
+                )
+
+            rows = lean.glued_rows(rows, b, t, cos, sin, cache, cache_kwargs, attend)
+        hidden = base.norm(rows.view(b, t, width))
+        kept = cache if use_cache or self.cache_always else None
+        return BaseModelOutputWithPast(last_hidden_state=hidden, cache=kept)
+
+
+def use_for(model: nn.Module) -> bool:
+    """Give the decoder stack of `model` (its layers made lean first) a lean forward;
+    returns whether it got one."""
+    for module in model.modules():
+        if LeanStack.fits(module) and not isinstance(getattr(module, "lean", None), LeanStack):
+            lean = LeanStack(module)
+            vars(module).update(lean=lean, forward=lean.forward)  # looked up on the instance
+            return True
+    return False
+
+
+def undo(model: nn.Module) -> bool:
+    """Give the decoder stack its class's forward back (for comparisons)."""
+    for module in model.modules():
+        if isinstance(getattr(module, "lean", None), LeanStack):
+            del vars(module)["forward"], vars(module)["lean"]
+            return True
+    return False
