@@ -77,6 +77,50 @@ def test_simd_and_portable_paths_agree_bit_for_bit(ggml_type):
         assert torch.equal(simd, gk.matmul(ggml_type, blocks, 1024, x, scalar=True)), m
 
 
+@pytest.mark.parametrize("scalar", [False, True])
+def test_q4k_resident_panels_give_the_file_layouts_bits(scalar):
+    """Q4_K repacked into resident 8-row panels (Q4_K_X8) multiplies to the bits of the
+    file's layout (row path, its panels from 16 rows, tiles where built) at every row
+    count, SIMD and portable, and a row's output does not depend on its batch mates."""
+    blocks = torch.from_numpy(random_blocks(gk.Q4_K, 48, 1024, seed=11))
+    panels = gk.pack_q4k_panels(blocks, 1024)
+    assert panels.shape == (48, 4 * 148) and panels.dtype == torch.uint8
+    x = torch.randn(70, 1024, generator=torch.Generator().manual_seed(2)) * 3
+    full = gk.matmul(gk.Q4_K_X8, panels, 1024, x, scalar=scalar)
+    assert torch.equal(full, gk.matmul(gk.Q4_K, blocks, 1024, x))
+    for m in (1, 2, 3, 5, 8, 9, 16, 17):
+        got = gk.matmul(gk.Q4_K_X8, panels, 1024, x[:m], scalar=scalar)
+        assert torch.equal(got, gk.matmul(gk.Q4_K, blocks, 1024, x[:m])), m
+        assert torch.equal(got, full[:m]), m
+    with pytest.raises(ValueError, match="groups of 8"):
+        gk.pack_q4k_panels(blocks[:12], 1024)
+    with pytest.raises(ValueError, match="do not fit"):  # panels hold rows in eights
+        gk.matmul(gk.Q4_K_X8, panels[:12], 1024, x[:2])
+
+
+def test_q4k_panels_are_kept_by_the_avx2_family_builds_unless_switched_off(monkeypatch):
+    assert gk.panels_wanted() == (gk.path() in ("avx2", "avx-vnni", "avx512-vnni"))
+    monkeypatch.setenv(gk.PANELS_ENV, "0")
+    assert not gk.panels_wanted()
+    blocks = torch.from_numpy(random_blocks(gk.Q4_K, 8, 256, seed=13))
+    assert gk.GGUFLinear(gk.Q4_K, blocks, 256, None, torch.float32).ggml_type == gk.Q4_K
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_q4k_layer_in_panels_computes_what_it_computes_from_the_files_layout(dtype):
+    blocks = torch.from_numpy(random_blocks(gk.Q4_K, 24, 512, seed=12))
+    bias = torch.randn(24)
+    kept = gk.GGUFLinear(gk.Q4_K, blocks, 512, bias, dtype, panels=True)
+    plain = gk.GGUFLinear(gk.Q4_K, blocks, 512, bias, dtype, panels=False)
+    assert kept.ggml_type == gk.Q4_K_X8 and plain.ggml_type == gk.Q4_K
+    assert kept.nbytes() - plain.nbytes() == 24 * 2 * 4  # 32 bytes per 8 x 256 values
+    odd = gk.GGUFLinear(gk.Q4_K, blocks[:17], 512, None, dtype, panels=True)
+    assert odd.ggml_type == gk.Q4_K  # rows not in eights keep the file's layout
+    for m in (1, 4, 19):
+        x = (torch.randn(m, 512) * 4).to(dtype)
+        assert torch.equal(kept(x), plain(x)), m
+
+
 @pytest.mark.parametrize("ggml_type", TYPES)
 def test_a_rows_output_does_not_depend_on_its_batch_mates(ggml_type):
     blocks = torch.from_numpy(random_blocks(ggml_type, 48, 512, seed=5))

@@ -56,10 +56,17 @@ ENV_SWITCH = "SLIMSPEC_GGUF_KERNELS"  # 0: never load (tests of the fallback)
 
 # ggml_type values with a kernel (gguf.GGMLQuantizationType), and their block shapes.
 Q8_0, Q4_K, Q6_K = 8, 12, 14
-BLOCK_VALUES = {Q8_0: 32, Q4_K: 256, Q6_K: 256}
-BLOCK_BYTES = {Q8_0: 34, Q4_K: 144, Q6_K: 210}
-ACTIVATION_BLOCK = {Q8_0: 32, Q4_K: 256, Q6_K: 256}
-TYPE_NAMES = {Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+# Q4_K repacked at load into resident panels of 8 weight rows (csrc: q4k_x8; no ggml
+# type): the same values, 1184 bytes per 8 x 256 of them (148 a row's block)
+Q4_K_X8 = 1012
+BLOCK_VALUES = {Q8_0: 32, Q4_K: 256, Q6_K: 256, Q4_K_X8: 256}
+BLOCK_BYTES = {Q8_0: 34, Q4_K: 144, Q6_K: 210, Q4_K_X8: 148}
+ACTIVATION_BLOCK = {Q8_0: 32, Q4_K: 256, Q6_K: 256, Q4_K_X8: 256}
+TYPE_NAMES = {Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K", Q4_K_X8: "Q4_K in 8-row panels"}
+PANELS_ENV = "SLIMSPEC_Q4K_PANELS"  # 0: keep Q4_K in the file's layout (A/B runs)
+# the builds that multiply from resident panels (the AVX2 family; AMX tiles read the
+# file's layout, the portable build gains nothing from it)
+PANEL_BUILDS = (2, 3, 4)
 
 # Activation and output dtypes the native calls read and write as they are.
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
@@ -111,6 +118,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.layer_post.restype = i32
     lib.simd_path.argtypes = []
     lib.simd_path.restype = i32
+    lib.q4k_pack_x8.argtypes = [p, i64, i64, i64, p]
+    lib.q4k_pack_x8.restype = i32
     return lib
 
 
@@ -193,14 +202,47 @@ def _k_quants_match_the_portable_path(lib: ctypes.CDLL) -> bool:
                   * 0.01).astype(np.float16)  # fmt: skip
         raw[:, :, scale_at[0] : scale_at[1]] = halves.view(np.uint8).reshape(n, k // 256, -1)
         blocks = torch.from_numpy(raw.reshape(n, -1))
-        ys = [torch.empty(m, n, dtype=torch.float32) for _ in range(2)]
-        for y, scalar in zip(ys, (0, 1), strict=True):
-            args = (_ptr(q), _ptr(dx), _ptr(bsum), m, _ptr(y), n, scalar)
-            if lib.gguf_matmul(ggml_type, _ptr(blocks), n, k, blocks.shape[1], *args):
-                return False
-        if not torch.equal(ys[0], ys[1]):
+        forms = [(ggml_type, blocks)]
+        if ggml_type == Q4_K:  # and its resident panels (16 of the 20 rows)
+            forms.append((Q4_K_X8, _pack_q4k_x8(lib, blocks[:16], k)))
+        ys = []
+        for form, data in forms:
+            rows = data.shape[0]
+            for scalar in (0, 1):
+                y = torch.empty(m, rows, dtype=torch.float32)
+                args = (_ptr(q), _ptr(dx), _ptr(bsum), m, _ptr(y), rows, scalar)
+                if lib.gguf_matmul(form, _ptr(data), rows, k, data.shape[1], *args):
+                    return False
+                ys.append(y[:, :16])
+        if not all(torch.equal(ys[0], y) for y in ys[1:]):
             return False
     return True
+
+
+def _pack_q4k_x8(lib: ctypes.CDLL, blocks: torch.Tensor, k: int) -> torch.Tensor:
+    n = blocks.shape[0]
+    blocks = blocks.contiguous()
+    out = torch.empty(n, k // 256 * BLOCK_BYTES[Q4_K_X8], dtype=torch.uint8)
+    if lib.q4k_pack_x8(_ptr(blocks), n, k, blocks.shape[1], _ptr(out)):
+        raise ValueError(f"Q4_K panels need rows of 256-value blocks in groups of 8, got {n}")
+    return out
+
+
+def pack_q4k_panels(blocks: torch.Tensor, k: int) -> torch.Tensor:
+    """Q4_K weight rows (N, K/256*144) uint8, N a multiple of 8 -> the same values as
+    Q4_K_X8 resident panels (N, K/256*148): what GGUFLinear keeps where panels_wanted()."""
+    return _pack_q4k_x8(_require(), blocks, k)
+
+
+def panels_wanted() -> bool:
+    """Whether Q4_K weights are served from resident 8-row panels here: a build of the
+    AVX2 family is loaded and SLIMSPEC_Q4K_PANELS is not 0."""
+    lib = load()
+    return (
+        lib is not None
+        and lib.simd_path() in PANEL_BUILDS
+        and os.environ.get(PANELS_ENV, "1") != "0"
+    )
 
 
 def path() -> str:
@@ -542,6 +584,8 @@ class LinearGroup:
 class GGUFLinear(nn.Module):
     """y = x @ W.T (+ bias) with W kept as GGUF blocks (inference only).
 
+    Q4_K blocks are kept as resident 8-row panels (Q4_K_X8, the same values) where
+    `panels` (default: panels_wanted()) and the rows come in eights.
     `weight` is a one-element expanded placeholder that only reports the shape, dtype
     and device callers read (the decoder reads the head's shape and dtype)."""
 
@@ -552,6 +596,7 @@ class GGUFLinear(nn.Module):
         in_features: int,
         bias: torch.Tensor | None,
         dtype: torch.dtype,
+        panels: bool | None = None,
     ) -> None:
         super().__init__()
         if not supported(ggml_type, in_features):
@@ -560,6 +605,11 @@ class GGUFLinear(nn.Module):
         expected = in_features // BLOCK_VALUES[ggml_type] * BLOCK_BYTES[ggml_type]
         if blocks.dtype != torch.uint8 or row_bytes != expected:
             raise ValueError(f"blocks must be uint8 (N, {expected}), got {tuple(blocks.shape)}")
+        if ggml_type == Q4_K_X8 and n % 8:
+            raise ValueError(f"Q4_K panels hold rows in eights, got {n} rows")
+        if ggml_type == Q4_K and n % 8 == 0 and (panels_wanted() if panels is None else panels):
+            ggml_type, blocks = Q4_K_X8, pack_q4k_panels(blocks, in_features)
+            row_bytes = blocks.shape[1]
         self.ggml_type = ggml_type
         self.in_features = in_features
         self.out_features = n

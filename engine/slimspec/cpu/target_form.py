@@ -178,6 +178,9 @@ def group_projections(model: nn.Module) -> int:
     return count
 
 
+GGUF_MODULES = (gguf_kernels.GGUFLinear, gguf_kernels.GGUFEmbedding)
+
+
 class UnsupportedGGUF(ValueError):
     """A GGUF this engine cannot serve from its blocks (architecture, tensor types)."""
 
@@ -261,9 +264,12 @@ def _serve_gguf(model: Any, path: Path) -> TargetForm:
             new = gguf_kernels.GGUFLinear(ggml_type, blocks, k, bias, dtype)
         setattr(parent, child_name, new)
         types[t.tensor_type.name] += 1
-    total = sum(b.numel() for b in blocks_by_tensor.values())
+    served = {id(m.blocks): m for m in model.modules() if isinstance(m, GGUF_MODULES)}
+    total = sum(m.blocks.numel() for m in served.values())
     counts = ", ".join(f"{name} x{n}" for name, n in sorted(types.items()))
     detail = f"{counts} from {path.name}; {gguf_kernels.path()} kernels"
+    if any(m.ggml_type == gguf_kernels.Q4_K_X8 for m in served.values()):
+        detail += "; Q4_K kept in 8-row panels"
     return TargetForm(GGUF, detail, total)
 
 

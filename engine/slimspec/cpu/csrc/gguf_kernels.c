@@ -33,6 +33,8 @@
 //   Q6_K (256 values, 210 B): 128 B low nibbles, 64 B high 2-bit pairs, 16 int8 scales,
 //         fp16 d; value = d*sc*(q-32), q in 0..63, 16 sub-blocks of 16.
 //   Q8_0 (32 values, 34 B): fp16 d, 32 int8; value = d*q.
+//   Q4_K_X8 (ours, not ggml's; 8 weight rows x 256 values, 1184 B): the same Q4_K values
+//         repacked once at load into a panel of 8 weight rows ("Resident panels" below).
 // Activations: q8 (M, K) int8 in [-127, 127], dx (M, K/block) float scales,
 // bsum (M, K/16) int16 sums of 16 consecutive q8 values (the K-quants' offset terms).
 #include <math.h>
@@ -45,6 +47,7 @@
 #endif
 
 enum { TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q6_K = 14 };  // ggml_type values
+enum { TYPE_Q4_K_X8 = 1012 };  // Q4_K in resident 8-row panels (q4k_x8): no ggml type
 enum { QK_K = 256, QK8_0 = 32, ROW_GROUP = 8, M_CHUNK = 32, PREFETCH_BYTES = 2048 };
 
 typedef struct {
@@ -62,6 +65,14 @@ typedef struct {
     uint16_t d;
     int8_t qs[32];
 } block_q8_0;
+// One 256-value block of 8 weight rows of Q4_K: qs[sb][gp][r] holds values 4gp..4gp+3 of
+// sub-block sb of row r in its low nibbles and values 4gp+16..4gp+19 in its high ones
+// (q4k_pack_x8), the rows' 6-bit scales and mins a byte each, d and dmin as in the file.
+typedef struct {
+    uint8_t qs[8][4][8][4];
+    uint8_t sc[8][8], mn[8][8];  // [sub-block][row]
+    uint16_t d[8], dmin[8];
+} q4k_x8;
 
 #if defined(__F16C__)
 // fp16 -> fp32 is exact, so the hardware conversion gives the software routine's bits.
@@ -92,7 +103,9 @@ static float half_to_float(uint16_t h) {
 #endif
 
 int block_values(int type) {
-    return type == TYPE_Q8_0 ? QK8_0 : (type == TYPE_Q4_K || type == TYPE_Q6_K) ? QK_K : 0;
+    return type == TYPE_Q8_0 ? QK8_0
+           : (type == TYPE_Q4_K || type == TYPE_Q6_K || type == TYPE_Q4_K_X8) ? QK_K
+                                                                               : 0;
 }
 
 int block_bytes(int type) {
@@ -100,6 +113,7 @@ int block_bytes(int type) {
         case TYPE_Q8_0: return (int)sizeof(block_q8_0);
         case TYPE_Q4_K: return (int)sizeof(block_q4_K);
         case TYPE_Q6_K: return (int)sizeof(block_q6_K);
+        case TYPE_Q4_K_X8: return (int)sizeof(q4k_x8) / 8;  // per weight row
         default: return 0;
     }
 }
@@ -257,6 +271,64 @@ static void q4k_row_scalar(const block_q4_K *w, int64_t nb, const int8_t *q, con
         acc = fmaf(-(float)m, dx[b] * half_to_float(w[b].dmin), acc);
     }
     *out = acc;
+}
+
+// Row r (0..7) of a run of Q4_K_X8 panels (nb blocks): q4k_row_scalar's integers and
+// float steps, read from the panel layout.
+static void q4k_x8_row_scalar(const q4k_x8 *p, int64_t nb, int r, const int8_t *q,
+                              const float *dx, const int16_t *bsum, float *out) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const q4k_x8 *pb = p + b;
+        const int8_t *qb = q + b * QK_K;
+        const int16_t *bs = bsum + b * 16;
+        int32_t s = 0, m = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            int32_t dot = 0;
+            for (int gp = 0; gp < 4; gp++)
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t v = pb->qs[sb][gp][r][i];
+                    dot += (v & 0xF) * qb[32 * sb + 4 * gp + i] + (v >> 4) * qb[32 * sb + 4 * gp + 16 + i];
+                }
+            s += pb->sc[sb][r] * dot;
+            m += pb->mn[sb][r] * (bs[2 * sb] + bs[2 * sb + 1]);
+        }
+        acc = fmaf((float)s, dx[b] * half_to_float(pb->d[r]), acc);
+        acc = fmaf(-(float)m, dx[b] * half_to_float(pb->dmin[r]), acc);
+    }
+    *out = acc;
+}
+
+// N Q4_K weight rows (N % 8 == 0, K % 256 == 0, row_bytes each) -> N / 8 runs of K / 256
+// q4k_x8 panels (the same values; done once when a target is loaded).
+int q4k_pack_x8(const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, uint8_t *out) {
+    const int64_t nb = K / QK_K;
+    if (N % 8 || K % QK_K || row_bytes != nb * (int64_t)sizeof(block_q4_K)) return -1;
+#pragma omp parallel for schedule(static)
+    for (int64_t n0 = 0; n0 < N; n0 += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            q4k_x8 *p = (q4k_x8 *)out + n0 / 8 * nb + b;
+            for (int r = 0; r < 8; r++) {
+                const block_q4_K *x = (const block_q4_K *)(w + (n0 + r) * row_bytes) + b;
+                uint8_t v[256];
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 32; i++) {
+                        v[64 * c + i] = x->qs[32 * c + i] & 0xF;
+                        v[64 * c + 32 + i] = x->qs[32 * c + i] >> 4;
+                    }
+                for (int sb = 0; sb < 8; sb++)
+                    for (int gp = 0; gp < 4; gp++)
+                        for (int i = 0; i < 4; i++)
+                            p->qs[sb][gp][r][i] = (uint8_t)(v[32 * sb + 4 * gp + i] |
+                                                            v[32 * sb + 4 * gp + 16 + i] << 4);
+                uint8_t sc[8], mn[8];
+                q4k_scales(x->scales, sc, mn);
+                for (int sb = 0; sb < 8; sb++) p->sc[sb][r] = sc[sb], p->mn[sb][r] = mn[sb];
+                p->d[r] = x->d;
+                p->dmin[r] = x->dmin;
+            }
+        }
+    return 0;
 }
 
 // Q6_K's order (all builds): per block the exact integer S = sum over the 16 sub-blocks
@@ -914,7 +986,8 @@ typedef struct {
 static int weight_fits(const gguf_weight *wt, int64_t K) {
     const int bv = block_values(wt->type);
     return bv && K % bv == 0 && K % activation_block(wt->type) == 0 &&
-           wt->row_bytes == K / bv * block_bytes(wt->type);
+           wt->row_bytes == K / bv * block_bytes(wt->type) &&
+           (wt->type != TYPE_Q4_K_X8 || wt->N % 8 == 0);
 }
 
 // y[i] = v (+ bias, one float add) as float32 (y_bf16 == 0) or rounded to bfloat16.
@@ -983,6 +1056,94 @@ static int rows_by_panels(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t
     }
     free(p);
     return 1;
+}
+
+// ------------------------------------------------------- resident panels (Q4_K_X8)
+// The K-quant panels above, kept: a Q4_K target's weights are repacked once at load into
+// 8-row panels with the nibbles still packed (q4k_x8: 1184 B per 8 x 256 values against
+// 1152 in the file), so every product, from one activation row on, runs one vpdpbusd
+// per 4 values x 8 weight rows and one vpmulld per sub-block for 8 weight rows, where
+// the row path spends a vpmaddubsw and a vpdpwssd per 32 values and row. The integers
+// and the float steps per output are q4k_row_scalar's, so the bits are those of every
+// other path. On a 2-core AMD EPYC Zen 4, an 8960x1536 Q4_K from cache: 1 row 0.20 ->
+// 0.08 ms, 3 rows 0.31 -> 0.15, 8 rows 0.56 -> 0.34.
+enum { X8_TOKENS = 8 };
+
+// T (compile-time 1..8) activation rows against a run of nb panels: out[t * 8 + row].
+ALWAYS_INLINE void q4k_x8_rows(const q4k_x8 *p, int64_t nb, const int T, const int8_t *q,
+                               int64_t K, const float *dx, const int16_t *bsum, float *out) {
+    const int64_t ndx = K / QK_K, nbs = K / 16;
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    __m256 acc[X8_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const q4k_x8 *pb = p + b;
+        __m256i s[X8_TOKENS], m[X8_TOKENS];
+        for (int t = 0; t < T; t++) s[t] = m[t] = _mm256_setzero_si256();
+        for (int sb = 0; sb < 8; sb++) {
+            __m256i dot[X8_TOKENS];
+            for (int t = 0; t < T; t++) dot[t] = _mm256_setzero_si256();
+            for (int gp = 0; gp < 4; gp++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)pb->qs[sb][gp]);
+                const __m256i lo = _mm256_and_si256(v, low4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                for (int t = 0; t < T; t++) {
+                    const int8_t *x = q + t * K + b * QK_K + 32 * sb + 4 * gp;
+                    dot[t] = DPBUSD256_ACC(dot[t], lo, _mm256_set1_epi32(load_i32(x)));
+                    dot[t] = DPBUSD256_ACC(dot[t], hi, _mm256_set1_epi32(load_i32(x + 16)));
+                }
+            }
+            const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)pb->sc[sb]));
+            const __m256i mn = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)pb->mn[sb]));
+            const __m256i mn2 = _mm256_or_si256(mn, _mm256_slli_epi32(mn, 16));  // (m, m) pairs
+            for (int t = 0; t < T; t++) {
+                s[t] = _mm256_add_epi32(s[t], _mm256_mullo_epi32(dot[t], sc));
+                m[t] = DPWSSD256(m[t], mn2, _mm256_set1_epi32(load_i32(bsum + t * nbs + b * 16 + 2 * sb)));
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb->d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb->dmin));
+        for (int t = 0; t < T; t++) {
+            const __m256 xs = _mm256_set1_ps(dx[t * ndx + b]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(xs, d), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m[t]), _mm256_mul_ps(xs, dmin), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) _mm256_storeu_ps(out + t * 8, acc[t]);
+}
+
+// Weight rows n0..n1-1 (multiples of 8) of a Q4_K_X8 weight against M activation rows.
+static void rows_x8(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K, int64_t M,
+                    const int8_t *q, const float *dx, const int16_t *bsum, void *y, int64_t ldy,
+                    int y_bf16) {
+    const int64_t nb = K / QK_K, nbs = K / 16, run = nb * (int64_t)sizeof(q4k_x8);
+    float out[X8_TOKENS * 8];
+    for (int64_t n = n0; n < n1; n += 8) {
+        const q4k_x8 *p = (const q4k_x8 *)(wt->w + n / 8 * run);
+        // the next run's first bytes asked for ahead of use (one row: memory-bound)
+        const char *next = (const char *)p + run;
+        const char *end = (const char *)wt->w + n1 / 8 * run;
+        for (int64_t i = 0; i < PREFETCH_BYTES && next + i < end; i += 64) _mm_prefetch(next + i, _MM_HINT_T0);
+        for (int64_t m = 0; m < M; m += X8_TOKENS) {
+            const int T = (int)(M - m < X8_TOKENS ? M - m : X8_TOKENS);
+            const int8_t *qm = q + m * K;
+            const float *dm = dx + m * nb;
+            const int16_t *bm = bsum + m * nbs;
+            switch (T) {
+                case 8: q4k_x8_rows(p, nb, 8, qm, K, dm, bm, out); break;
+                case 7: q4k_x8_rows(p, nb, 7, qm, K, dm, bm, out); break;
+                case 6: q4k_x8_rows(p, nb, 6, qm, K, dm, bm, out); break;
+                case 5: q4k_x8_rows(p, nb, 5, qm, K, dm, bm, out); break;
+                case 4: q4k_x8_rows(p, nb, 4, qm, K, dm, bm, out); break;
+                case 3: q4k_x8_rows(p, nb, 3, qm, K, dm, bm, out); break;
+                case 2: q4k_x8_rows(p, nb, 2, qm, K, dm, bm, out); break;
+                default: q4k_x8_rows(p, nb, 1, qm, K, dm, bm, out); break;
+            }
+            for (int t = 0; t < T; t++)
+                put_outputs8(y, y_bf16, (m + t) * ldy + n, _mm256_loadu_ps(out + t * 8),
+                             wt->bias ? wt->bias + n : NULL);
+        }
+    }
 }
 #endif
 
@@ -1519,6 +1680,23 @@ static void weight_rows(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K
 #else
     (void)tiles;
 #endif
+    if (wt->type == TYPE_Q4_K_X8) {
+#if defined(__AVX2__)
+        if (!scalar) {
+            rows_x8(wt, n0, n1, K, M, q, dx, bsum, y, ldy, y_bf16);
+            return;
+        }
+#endif
+        const int64_t nb = K / QK_K, run = nb * (int64_t)sizeof(q4k_x8);
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t m = 0; m < M; m++) {
+                float v;
+                q4k_x8_row_scalar((const q4k_x8 *)(wt->w + n / 8 * run), nb, (int)(n % 8),
+                                  q + m * K, dx + m * nb, bsum + m * (K / 16), &v);
+                put_output(y, y_bf16, m * ldy + n, v, wt->bias ? wt->bias + n : NULL);
+            }
+        return;
+    }
 #if defined(__AVX2__)
     if (!scalar && (wt->type == TYPE_Q4_K || wt->type == TYPE_Q6_K) && M >= PANEL_MIN_M &&
         rows_by_panels(wt, n0, n1, K, M, q, dx, bsum, y, ldy, y_bf16))
@@ -1587,8 +1765,12 @@ static void matmul_team(int count, const gguf_weight *wts, int64_t K, int64_t M,
     for (int i = 0; i < count; i++) {
         const int64_t rb = wts[i].row_bytes, size = wts[i].N * rb;
         if (hi > off && lo < off + size) {  // rows whose first byte lies in [lo, hi)
-            const int64_t a = lo > off ? (lo - off + rb - 1) / rb : 0;
-            const int64_t b = hi < off + size ? (hi - off + rb - 1) / rb : wts[i].N;
+            int64_t a = lo > off ? (lo - off + rb - 1) / rb : 0;
+            int64_t b = hi < off + size ? (hi - off + rb - 1) / rb : wts[i].N;
+            if (wts[i].type == TYPE_Q4_K_X8) {  // whole panels of 8 rows (N % 8 == 0)
+                a = (a + 7) / 8 * 8;
+                b = (b + 7) / 8 * 8;
+            }
             if (b > a)
                 weight_rows(&wts[i], a, b, K, M, q, dx, bsum, tiles, ys[i], ldys[i], y_bf16, scalar);
         }
@@ -1661,7 +1843,8 @@ int gguf_linear(const void *x, int x_bf16, int64_t M, int64_t K, int64_t lda, in
 int gguf_dequant_rows(int type, const uint8_t *w, int64_t K, int64_t row_bytes,
                       const int64_t *ids, int64_t n, float *out) {
     const int bv = block_values(type);
-    if (!bv || K % bv || row_bytes != K / bv * block_bytes(type)) return -1;
+    if (!bv || type == TYPE_Q4_K_X8 || K % bv || row_bytes != K / bv * block_bytes(type))
+        return -1;
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *row = w + ids[i] * row_bytes;
         float *y = out + i * K;
