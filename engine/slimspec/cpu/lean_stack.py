@@ -124,25 +124,21 @@ class LeanStack:
         **kwargs: Any,
     ) -> Any:
         leans = self._lean_layers(input_ids, inputs_embeds, kwargs)
-        if leans is None:
+        base = self.base
+        h = None if leans is None else base.embed_tokens(input_ids)
+        if (
+            leans is None
+            or h is None
+            or h.dim() != 3
+            or h.dtype != torch.bfloat16
+            or not gguf_kernels.native_input(h)
+        ):  # the model's own forward (it embeds the ids again: a rare path)
             return self.original(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
                 cache=cache,
                 inputs_embeds=inputs_embeds,
-                use_cache=use_cache,
-                **kwargs,
-            )
-        base = self.base
-        assert input_ids is not None  # checked by _lean_layers
-        h = base.embed_tokens(input_ids)
-        if h.dim() != 3 or not gguf_kernels.native_input(h) or h.dtype != torch.bfloat16:
-            return self.original(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                cache=cache,
                 use_cache=use_cache,
                 **kwargs,
             )

@@ -1129,16 +1129,9 @@ static void rows_x8(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K, in
             const int8_t *qm = q + m * K;
             const float *dm = dx + m * nb;
             const int16_t *bm = bsum + m * nbs;
-            switch (T) {
-                case 8: q4k_x8_rows(p, nb, 8, qm, K, dm, bm, out); break;
-                case 7: q4k_x8_rows(p, nb, 7, qm, K, dm, bm, out); break;
-                case 6: q4k_x8_rows(p, nb, 6, qm, K, dm, bm, out); break;
-                case 5: q4k_x8_rows(p, nb, 5, qm, K, dm, bm, out); break;
-                case 4: q4k_x8_rows(p, nb, 4, qm, K, dm, bm, out); break;
-                case 3: q4k_x8_rows(p, nb, 3, qm, K, dm, bm, out); break;
-                case 2: q4k_x8_rows(p, nb, 2, qm, K, dm, bm, out); break;
-                default: q4k_x8_rows(p, nb, 1, qm, K, dm, bm, out); break;
-            }
+#define X8(p_, nb_, q_, K_, dx_, bs_, out_, R) q4k_x8_rows(p_, nb_, R, q_, K_, dx_, bs_, out_)
+            BY_ROWS(X8, T, p, nb, qm, K, dm, bm, out)
+#undef X8
             for (int t = 0; t < T; t++)
                 put_outputs8(y, y_bf16, (m + t) * ldy + n, _mm256_loadu_ps(out + t * 8),
                              wt->bias ? wt->bias + n : NULL);
