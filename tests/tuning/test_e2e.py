@@ -142,8 +142,10 @@ def test_the_tuner_follows_the_engines_predictions_and_measures_its_moves(
     seen: list[dict[str, Any]] = []
     try:
         rec.mark("p99 far under target")
-        low = rec.wait(lambda p: p.status_ratio == pytest.approx(0.1), 120, "ratio at minRatio")
-        assert low.configmap_ratio == pytest.approx(0.1)
+        rec.wait(lambda p: p.status_ratio == pytest.approx(0.1), 120, "ratio at minRatio")
+        # the tuner writes its status, then the ConfigMap (tuning/tick.py): a snapshot can
+        # fall between the two writes, so the ConfigMap gets a few seconds to follow
+        rec.wait(lambda p: p.configmap_ratio == pytest.approx(0.1), 10, "ConfigMap at 0.1")
         rec.wait(lambda p: p.engine_ratio == pytest.approx(0.1), 20, "engine at 0.1")
         # A lowering because compression cannot help is a paired trial (docs/tuning.md):
         # measured at 0.1, again at 0.3, then kept unless 0.1 was measured slower; a
