@@ -77,45 +77,55 @@ def test_simd_and_portable_paths_agree_bit_for_bit(ggml_type):
         assert torch.equal(simd, gk.matmul(ggml_type, blocks, 1024, x, scalar=True)), m
 
 
+PANEL_TYPES = [gk.Q4_K, gk.Q6_K]
+
+
 @pytest.mark.parametrize("scalar", [False, True])
-def test_q4k_resident_panels_give_the_file_layouts_bits(scalar):
-    """Q4_K repacked into resident 8-row panels (Q4_K_X8) multiplies to the bits of the
-    file's layout (row path, its panels from 16 rows, tiles where built) at every row
-    count, SIMD and portable, and a row's output does not depend on its batch mates."""
-    blocks = torch.from_numpy(random_blocks(gk.Q4_K, 48, 1024, seed=11))
-    panels = gk.pack_q4k_panels(blocks, 1024)
-    assert panels.shape == (48, 4 * 148) and panels.dtype == torch.uint8
+@pytest.mark.parametrize("ggml_type", PANEL_TYPES)
+def test_resident_panels_give_the_file_layouts_bits(ggml_type, scalar):
+    """Q4_K and Q6_K repacked into resident 8-row panels (Q4_K_X8, Q6_K_X8) multiply to
+    the bits of the file's layout (row path, its panels from 16 rows, tiles where built)
+    at every row count, SIMD and portable, and a row's output does not depend on its
+    batch mates."""
+    form = gk.PANEL_FORMS[ggml_type]
+    blocks = torch.from_numpy(random_blocks(ggml_type, 48, 1024, seed=11))
+    panels = gk.pack_panels(ggml_type, blocks, 1024)
+    assert panels.shape == (48, 4 * gk.BLOCK_BYTES[form]) and panels.dtype == torch.uint8
     x = torch.randn(70, 1024, generator=torch.Generator().manual_seed(2)) * 3
-    full = gk.matmul(gk.Q4_K_X8, panels, 1024, x, scalar=scalar)
-    assert torch.equal(full, gk.matmul(gk.Q4_K, blocks, 1024, x))
+    full = gk.matmul(form, panels, 1024, x, scalar=scalar)
+    assert torch.equal(full, gk.matmul(ggml_type, blocks, 1024, x))
     for m in (1, 2, 3, 5, 8, 9, 16, 17):
-        got = gk.matmul(gk.Q4_K_X8, panels, 1024, x[:m], scalar=scalar)
-        assert torch.equal(got, gk.matmul(gk.Q4_K, blocks, 1024, x[:m])), m
+        got = gk.matmul(form, panels, 1024, x[:m], scalar=scalar)
+        assert torch.equal(got, gk.matmul(ggml_type, blocks, 1024, x[:m])), m
         assert torch.equal(got, full[:m]), m
     with pytest.raises(ValueError, match="groups of 8"):
-        gk.pack_q4k_panels(blocks[:12], 1024)
+        gk.pack_panels(ggml_type, blocks[:12], 1024)
     with pytest.raises(ValueError, match="do not fit"):  # panels hold rows in eights
-        gk.matmul(gk.Q4_K_X8, panels[:12], 1024, x[:2])
+        gk.matmul(form, panels[:12], 1024, x[:2])
 
 
-def test_q4k_panels_are_kept_by_the_avx2_family_builds_unless_switched_off(monkeypatch):
+def test_panels_are_kept_by_the_avx2_family_builds_unless_switched_off(monkeypatch):
     assert gk.panels_wanted() == (gk.path() in ("avx2", "avx-vnni", "avx512-vnni"))
     monkeypatch.setenv(gk.PANELS_ENV, "0")
     assert not gk.panels_wanted()
-    blocks = torch.from_numpy(random_blocks(gk.Q4_K, 8, 256, seed=13))
-    assert gk.GGUFLinear(gk.Q4_K, blocks, 256, None, torch.float32).ggml_type == gk.Q4_K
+    for ggml_type in PANEL_TYPES:
+        blocks = torch.from_numpy(random_blocks(ggml_type, 8, 256, seed=13))
+        layer = gk.GGUFLinear(ggml_type, blocks, 256, None, torch.float32)
+        assert layer.ggml_type == ggml_type
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_q4k_layer_in_panels_computes_what_it_computes_from_the_files_layout(dtype):
-    blocks = torch.from_numpy(random_blocks(gk.Q4_K, 24, 512, seed=12))
+@pytest.mark.parametrize("ggml_type", PANEL_TYPES)
+def test_a_layer_in_panels_computes_what_it_computes_from_the_files_layout(ggml_type, dtype):
+    blocks = torch.from_numpy(random_blocks(ggml_type, 24, 512, seed=12))
     bias = torch.randn(24)
-    kept = gk.GGUFLinear(gk.Q4_K, blocks, 512, bias, dtype, panels=True)
-    plain = gk.GGUFLinear(gk.Q4_K, blocks, 512, bias, dtype, panels=False)
-    assert kept.ggml_type == gk.Q4_K_X8 and plain.ggml_type == gk.Q4_K
-    assert kept.nbytes() - plain.nbytes() == 24 * 2 * 4  # 32 bytes per 8 x 256 values
-    odd = gk.GGUFLinear(gk.Q4_K, blocks[:17], 512, None, dtype, panels=True)
-    assert odd.ggml_type == gk.Q4_K  # rows not in eights keep the file's layout
+    kept = gk.GGUFLinear(ggml_type, blocks, 512, bias, dtype, panels=True)
+    plain = gk.GGUFLinear(ggml_type, blocks, 512, bias, dtype, panels=False)
+    assert kept.ggml_type == gk.PANEL_FORMS[ggml_type] and plain.ggml_type == ggml_type
+    # Q4_K: 32 bytes more per 8 x 256 values; Q6_K: the file's size
+    assert kept.nbytes() - plain.nbytes() == (24 * 2 * 4 if ggml_type == gk.Q4_K else 0)
+    odd = gk.GGUFLinear(ggml_type, blocks[:17], 512, None, dtype, panels=True)
+    assert odd.ggml_type == ggml_type  # rows not in eights keep the file's layout
     for m in (1, 4, 19):
         x = (torch.randn(m, 512) * 4).to(dtype)
         assert torch.equal(kept(x), plain(x)), m
@@ -251,11 +261,12 @@ def test_row_attention_reads_bf16_and_strided_inputs_as_their_float_values():
 
 
 def linear_layers(k: int, dtype: torch.dtype) -> list[gk.GGUFLinear]:
-    """q/k/v-like layers: a wide Q4_K with a bias, a narrow Q6_K with one, a Q4_K without."""
+    """q/k/v-like layers: a wide Q4_K with a bias, a narrow Q6_K with one, a Q4_K without,
+    and a Q6_K in resident panels where the build keeps them (rows in eights)."""
     g = torch.Generator().manual_seed(9)
     out = []
     for i, (t, n, bias) in enumerate(
-        [(gk.Q4_K, 40, True), (gk.Q6_K, 9, True), (gk.Q4_K, 17, False)]
+        [(gk.Q4_K, 40, True), (gk.Q6_K, 9, True), (gk.Q4_K, 17, False), (gk.Q6_K, 16, False)]
     ):
         blocks = torch.from_numpy(random_blocks(t, n, k, seed=10 + i))
         b = torch.randn(n, generator=g) if bias else None

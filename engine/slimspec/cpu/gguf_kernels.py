@@ -56,14 +56,22 @@ ENV_SWITCH = "SLIMSPEC_GGUF_KERNELS"  # 0: never load (tests of the fallback)
 
 # ggml_type values with a kernel (gguf.GGMLQuantizationType), and their block shapes.
 Q8_0, Q4_K, Q6_K = 8, 12, 14
-# Q4_K repacked at load into resident panels of 8 weight rows (csrc: q4k_x8; no ggml
-# type): the same values, 1184 bytes per 8 x 256 of them (148 a row's block)
-Q4_K_X8 = 1012
-BLOCK_VALUES = {Q8_0: 32, Q4_K: 256, Q6_K: 256, Q4_K_X8: 256}
-BLOCK_BYTES = {Q8_0: 34, Q4_K: 144, Q6_K: 210, Q4_K_X8: 148}
-ACTIVATION_BLOCK = {Q8_0: 32, Q4_K: 256, Q6_K: 256, Q4_K_X8: 256}
-TYPE_NAMES = {Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K", Q4_K_X8: "Q4_K in 8-row panels"}
-PANELS_ENV = "SLIMSPEC_Q4K_PANELS"  # 0: keep Q4_K in the file's layout (A/B runs)
+# Q4_K and Q6_K repacked at load into resident panels of 8 weight rows (csrc: q4k_x8,
+# q6k_x8; no ggml types): the same values, 1184 bytes per 8 x 256 of them for Q4_K (148
+# a row's block), 1680 for Q6_K (210, the file's size)
+Q4_K_X8, Q6_K_X8 = 1012, 1014
+BLOCK_VALUES = {Q8_0: 32, Q4_K: 256, Q6_K: 256, Q4_K_X8: 256, Q6_K_X8: 256}
+BLOCK_BYTES = {Q8_0: 34, Q4_K: 144, Q6_K: 210, Q4_K_X8: 148, Q6_K_X8: 210}
+ACTIVATION_BLOCK = {Q8_0: 32, Q4_K: 256, Q6_K: 256, Q4_K_X8: 256, Q6_K_X8: 256}
+TYPE_NAMES = {
+    Q8_0: "Q8_0",
+    Q4_K: "Q4_K",
+    Q6_K: "Q6_K",
+    Q4_K_X8: "Q4_K in 8-row panels",
+    Q6_K_X8: "Q6_K in 8-row panels",
+}
+PANEL_FORMS = {Q4_K: Q4_K_X8, Q6_K: Q6_K_X8}  # a file's type -> its resident panels
+PANELS_ENV = "SLIMSPEC_GGUF_PANELS"  # 0: keep Q4_K and Q6_K in the file's layout (A/B runs)
 # the builds that multiply from resident panels (the AVX2 family; AMX tiles read the
 # file's layout, the portable build gains nothing from it)
 PANEL_BUILDS = (2, 3, 4)
@@ -118,8 +126,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.layer_post.restype = i32
     lib.simd_path.argtypes = []
     lib.simd_path.restype = i32
-    lib.q4k_pack_x8.argtypes = [p, i64, i64, i64, p]
-    lib.q4k_pack_x8.restype = i32
+    for pack in (lib.q4k_pack_x8, lib.q6k_pack_x8):
+        pack.argtypes = [p, i64, i64, i64, p]
+        pack.restype = i32
     return lib
 
 
@@ -202,9 +211,11 @@ def _k_quants_match_the_portable_path(lib: ctypes.CDLL) -> bool:
                   * 0.01).astype(np.float16)  # fmt: skip
         raw[:, :, scale_at[0] : scale_at[1]] = halves.view(np.uint8).reshape(n, k // 256, -1)
         blocks = torch.from_numpy(raw.reshape(n, -1))
-        forms = [(ggml_type, blocks)]
-        if ggml_type == Q4_K:  # and its resident panels (16 of the 20 rows)
-            forms.append((Q4_K_X8, _pack_q4k_x8(lib, blocks[:16], k)))
+        # and its resident panels (16 of the 20 rows)
+        forms = [
+            (ggml_type, blocks),
+            (PANEL_FORMS[ggml_type], _pack_x8(lib, ggml_type, blocks[:16], k)),
+        ]
         ys = []
         for form, data in forms:
             rows = data.shape[0]
@@ -219,24 +230,30 @@ def _k_quants_match_the_portable_path(lib: ctypes.CDLL) -> bool:
     return True
 
 
-def _pack_q4k_x8(lib: ctypes.CDLL, blocks: torch.Tensor, k: int) -> torch.Tensor:
+def _pack_x8(lib: ctypes.CDLL, ggml_type: int, blocks: torch.Tensor, k: int) -> torch.Tensor:
     n = blocks.shape[0]
     blocks = blocks.contiguous()
-    out = torch.empty(n, k // 256 * BLOCK_BYTES[Q4_K_X8], dtype=torch.uint8)
-    if lib.q4k_pack_x8(_ptr(blocks), n, k, blocks.shape[1], _ptr(out)):
-        raise ValueError(f"Q4_K panels need rows of 256-value blocks in groups of 8, got {n}")
+    form = PANEL_FORMS[ggml_type]
+    out = torch.empty(n, k // BLOCK_VALUES[form] * BLOCK_BYTES[form], dtype=torch.uint8)
+    pack = lib.q4k_pack_x8 if ggml_type == Q4_K else lib.q6k_pack_x8
+    if pack(_ptr(blocks), n, k, blocks.shape[1], _ptr(out)):
+        raise ValueError(
+            f"{TYPE_NAMES[ggml_type]} panels need rows of 256-value blocks in groups of 8, "
+            f"got {n} rows of {blocks.shape[1]} bytes"
+        )
     return out
 
 
-def pack_q4k_panels(blocks: torch.Tensor, k: int) -> torch.Tensor:
-    """Q4_K weight rows (N, K/256*144) uint8, N a multiple of 8 -> the same values as
-    Q4_K_X8 resident panels (N, K/256*148): what GGUFLinear keeps where panels_wanted()."""
-    return _pack_q4k_x8(_require(), blocks, k)
+def pack_panels(ggml_type: int, blocks: torch.Tensor, k: int) -> torch.Tensor:
+    """Q4_K or Q6_K weight rows (N, K/256*bytes) uint8, N a multiple of 8 -> the same
+    values as resident 8-row panels (PANEL_FORMS[ggml_type]): what GGUFLinear keeps where
+    panels_wanted()."""
+    return _pack_x8(_require(), ggml_type, blocks, k)
 
 
 def panels_wanted() -> bool:
-    """Whether Q4_K weights are served from resident 8-row panels here: a build of the
-    AVX2 family is loaded and SLIMSPEC_Q4K_PANELS is not 0."""
+    """Whether Q4_K and Q6_K weights are served from resident 8-row panels here: a build
+    of the AVX2 family is loaded and SLIMSPEC_GGUF_PANELS is not 0."""
     lib = load()
     return (
         lib is not None
@@ -584,8 +601,8 @@ class LinearGroup:
 class GGUFLinear(nn.Module):
     """y = x @ W.T (+ bias) with W kept as GGUF blocks (inference only).
 
-    Q4_K blocks are kept as resident 8-row panels (Q4_K_X8, the same values) where
-    `panels` (default: panels_wanted()) and the rows come in eights.
+    Q4_K and Q6_K blocks are kept as resident 8-row panels (Q4_K_X8, Q6_K_X8: the same
+    values) where `panels` (default: panels_wanted()) and the rows come in eights.
     `weight` is a one-element expanded placeholder that only reports the shape, dtype
     and device callers read (the decoder reads the head's shape and dtype)."""
 
@@ -605,10 +622,11 @@ class GGUFLinear(nn.Module):
         expected = in_features // BLOCK_VALUES[ggml_type] * BLOCK_BYTES[ggml_type]
         if blocks.dtype != torch.uint8 or row_bytes != expected:
             raise ValueError(f"blocks must be uint8 (N, {expected}), got {tuple(blocks.shape)}")
-        if ggml_type == Q4_K_X8 and n % 8:
-            raise ValueError(f"Q4_K panels hold rows in eights, got {n} rows")
-        if ggml_type == Q4_K and n % 8 == 0 and (panels_wanted() if panels is None else panels):
-            ggml_type, blocks = Q4_K_X8, pack_q4k_panels(blocks, in_features)
+        if ggml_type in PANEL_FORMS.values() and n % 8:
+            raise ValueError(f"{TYPE_NAMES[ggml_type]} hold rows in eights, got {n} rows")
+        wanted = panels_wanted() if panels is None else panels
+        if ggml_type in PANEL_FORMS and n % 8 == 0 and wanted:
+            ggml_type, blocks = PANEL_FORMS[ggml_type], pack_panels(ggml_type, blocks, in_features)
             row_bytes = blocks.shape[1]
         self.ggml_type = ggml_type
         self.in_features = in_features

@@ -251,6 +251,9 @@ def _serve_gguf(model: Any, path: Path) -> TargetForm:
             t.name, int(t.tensor_type), blocks_by_tensor[t.name], int(t.shape[0]), child.weight
         )
     types: Counter[str] = Counter()
+    # a tied head reads the embedding's blocks: repacked into panels it would hold the
+    # table twice, so it keeps the file's layout
+    embedded = {t.name for _, _, _, child, t in plan if isinstance(child, nn.Embedding)}
     for parent, child_name, full, child, t in plan:
         ggml_type, k = int(t.tensor_type), int(t.shape[0])
         blocks = blocks_by_tensor[t.name]
@@ -261,15 +264,21 @@ def _serve_gguf(model: Any, path: Path) -> TargetForm:
             bias: torch.Tensor | None = child.bias
             if bias_t is not None:  # the file's float32 bias, not its bf16 copy
                 bias = torch.from_numpy(np.array(bias_t.data, dtype=np.float32))
-            new = gguf_kernels.GGUFLinear(ggml_type, blocks, k, bias, dtype)
+            panels = False if t.name in embedded else None
+            new = gguf_kernels.GGUFLinear(ggml_type, blocks, k, bias, dtype, panels)
         setattr(parent, child_name, new)
         types[t.tensor_type.name] += 1
     served = {id(m.blocks): m for m in model.modules() if isinstance(m, GGUF_MODULES)}
     total = sum(m.blocks.numel() for m in served.values())
     counts = ", ".join(f"{name} x{n}" for name, n in sorted(types.items()))
     detail = f"{counts} from {path.name}; {gguf_kernels.path()} kernels"
-    if any(m.ggml_type == gguf_kernels.Q4_K_X8 for m in served.values()):
-        detail += "; Q4_K kept in 8-row panels"
+    kept = [
+        gguf_kernels.TYPE_NAMES[file_type]
+        for file_type, form in gguf_kernels.PANEL_FORMS.items()
+        if any(m.ggml_type == form for m in served.values())
+    ]
+    if kept:
+        detail += f"; {' and '.join(kept)} kept in 8-row panels"
     return TargetForm(GGUF, detail, total)
 
 

@@ -35,6 +35,7 @@
 //   Q8_0 (32 values, 34 B): fp16 d, 32 int8; value = d*q.
 //   Q4_K_X8 (ours, not ggml's; 8 weight rows x 256 values, 1184 B): the same Q4_K values
 //         repacked once at load into a panel of 8 weight rows ("Resident panels" below).
+//   Q6_K_X8 (ours; 8 weight rows x 256 values, 1680 B, the file's size): Q6_K the same way.
 // Activations: q8 (M, K) int8 in [-127, 127], dx (M, K/block) float scales,
 // bsum (M, K/16) int16 sums of 16 consecutive q8 values (the K-quants' offset terms).
 #include <math.h>
@@ -48,6 +49,7 @@
 
 enum { TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q6_K = 14 };  // ggml_type values
 enum { TYPE_Q4_K_X8 = 1012 };  // Q4_K in resident 8-row panels (q4k_x8): no ggml type
+enum { TYPE_Q6_K_X8 = 1014 };  // Q6_K in resident 8-row panels (q6k_x8): no ggml type
 enum { QK_K = 256, QK8_0 = 32, ROW_GROUP = 8, M_CHUNK = 32, PREFETCH_BYTES = 2048 };
 
 typedef struct {
@@ -73,6 +75,17 @@ typedef struct {
     uint8_t sc[8][8], mn[8][8];  // [sub-block][row]
     uint16_t d[8], dmin[8];
 } q4k_x8;
+// One 256-value block of 8 weight rows of Q6_K, sub-block sb = values 16sb..16sb+15 in
+// four groups of 4 (g = 0..3): ql[sb][j][r] holds the low nibbles of groups j (low) and
+// j + 2 (high) of row r, qh[sb][r] the high 2 bits of groups 0..3 at bits 0, 2, 4, 6
+// (q6k_pack_x8); the rows' int8 scales in pairs of sub-blocks, d as in the file.
+typedef struct {
+    uint8_t ql[16][2][8][4];
+    uint8_t qh[16][8][4];
+    int8_t sc[8][8][2];  // [sub-block pair][row][sub-block 2p, 2p + 1]
+    uint16_t d[8];
+} q6k_x8;
+static inline int is_x8(int type) { return type == TYPE_Q4_K_X8 || type == TYPE_Q6_K_X8; }
 
 #if defined(__F16C__)
 // fp16 -> fp32 is exact, so the hardware conversion gives the software routine's bits.
@@ -104,7 +117,7 @@ static float half_to_float(uint16_t h) {
 
 int block_values(int type) {
     return type == TYPE_Q8_0 ? QK8_0
-           : (type == TYPE_Q4_K || type == TYPE_Q6_K || type == TYPE_Q4_K_X8) ? QK_K
+           : (type == TYPE_Q4_K || type == TYPE_Q6_K || is_x8(type)) ? QK_K
                                                                                : 0;
 }
 
@@ -114,6 +127,7 @@ int block_bytes(int type) {
         case TYPE_Q4_K: return (int)sizeof(block_q4_K);
         case TYPE_Q6_K: return (int)sizeof(block_q6_K);
         case TYPE_Q4_K_X8: return (int)sizeof(q4k_x8) / 8;  // per weight row
+        case TYPE_Q6_K_X8: return (int)sizeof(q6k_x8) / 8;
         default: return 0;
     }
 }
@@ -334,6 +348,19 @@ int q4k_pack_x8(const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, uint8
 // Q6_K's order (all builds): per block the exact integer S = sum over the 16 sub-blocks
 // of scale x (16-value dot of the 6-bit values 0..63) - 32 x sum of scale x (the
 // sub-block's activation sum), then acc = fma(S, dx*d, acc), block after block.
+// A Q6_K block's 256 values 0..63 in order.
+static void q6k_values(const block_q6_K *w, uint8_t *v) {
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = w->ql + 64 * h, *qh = w->qh + 32 * h;
+        for (int l = 0; l < 32; l++) {
+            v[128 * h + l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
+            v[128 * h + l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            v[128 * h + l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            v[128 * h + l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+}
+
 static void q6k_row_scalar(const block_q6_K *w, int64_t nb, const int8_t *q, const float *dx,
                            const int16_t *bsum, float *out) {
     float acc = 0.0f;
@@ -341,15 +368,7 @@ static void q6k_row_scalar(const block_q6_K *w, int64_t nb, const int8_t *q, con
         const int8_t *qb = q + b * QK_K;
         const int16_t *bs = bsum + b * 16;
         uint8_t v[QK_K];
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = w[b].ql + 64 * h, *qh = w[b].qh + 32 * h;
-            for (int l = 0; l < 32; l++) {
-                v[128 * h + l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
-                v[128 * h + l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-                v[128 * h + l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                v[128 * h + l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-            }
-        }
+        q6k_values(w + b, v);
         int32_t s = 0, o = 0;
         for (int sb = 0; sb < 16; sb++) {
             int32_t dot = 0;
@@ -360,6 +379,63 @@ static void q6k_row_scalar(const block_q6_K *w, int64_t nb, const int8_t *q, con
         acc = fmaf((float)(s - 32 * o), dx[b] * half_to_float(w[b].d), acc);
     }
     *out = acc;
+}
+
+// Value 16sb + 4g + i of row r of a Q6_K_X8 panel block (0..63).
+static inline int q6k_x8_value(const q6k_x8 *p, int sb, int g, int r, int i) {
+    const int lo = (p->ql[sb][g & 1][r][i] >> (4 * (g >> 1))) & 0xF;
+    return lo | ((p->qh[sb][r][i] >> (2 * g)) & 3) << 4;
+}
+
+// Row r (0..7) of a run of Q6_K_X8 panels (nb blocks): q6k_row_scalar's integers and
+// float step, read from the panel layout.
+static void q6k_x8_row_scalar(const q6k_x8 *p, int64_t nb, int r, const int8_t *q,
+                              const float *dx, const int16_t *bsum, float *out) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const q6k_x8 *pb = p + b;
+        const int8_t *qb = q + b * QK_K;
+        const int16_t *bs = bsum + b * 16;
+        int32_t s = 0, o = 0;
+        for (int sb = 0; sb < 16; sb++) {
+            int32_t dot = 0;
+            for (int g = 0; g < 4; g++)
+                for (int i = 0; i < 4; i++) dot += q6k_x8_value(pb, sb, g, r, i) * qb[16 * sb + 4 * g + i];
+            const int sc = pb->sc[sb / 2][r][sb % 2];
+            s += sc * dot;
+            o += sc * bs[sb];
+        }
+        acc = fmaf((float)(s - 32 * o), dx[b] * half_to_float(pb->d[r]), acc);
+    }
+    *out = acc;
+}
+
+// N Q6_K weight rows (N % 8 == 0, K % 256 == 0, row_bytes each) -> N / 8 runs of K / 256
+// q6k_x8 panels (the same values, the same bytes; done once when a target is loaded).
+int q6k_pack_x8(const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, uint8_t *out) {
+    const int64_t nb = K / QK_K;
+    if (N % 8 || K % QK_K || row_bytes != nb * (int64_t)sizeof(block_q6_K)) return -1;
+#pragma omp parallel for schedule(static)
+    for (int64_t n0 = 0; n0 < N; n0 += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            q6k_x8 *p = (q6k_x8 *)out + n0 / 8 * nb + b;
+            for (int r = 0; r < 8; r++) {
+                const block_q6_K *x = (const block_q6_K *)(w + (n0 + r) * row_bytes) + b;
+                uint8_t v[QK_K];
+                q6k_values(x, v);
+                for (int sb = 0; sb < 16; sb++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t *u = v + 16 * sb + i;  // groups at u[0], u[4], u[8], u[12]
+                        p->ql[sb][0][r][i] = (uint8_t)((u[0] & 0xF) | (u[8] & 0xF) << 4);
+                        p->ql[sb][1][r][i] = (uint8_t)((u[4] & 0xF) | (u[12] & 0xF) << 4);
+                        p->qh[sb][r][i] = (uint8_t)(u[0] >> 4 | (u[4] >> 4) << 2 | (u[8] >> 4) << 4 |
+                                                    (u[12] >> 4) << 6);
+                    }
+                for (int sb = 0; sb < 16; sb++) p->sc[sb / 2][r][sb % 2] = x->scales[sb];
+                p->d[r] = x->d;
+            }
+        }
+    return 0;
 }
 
 static void q80_row_scalar(const block_q8_0 *w, int64_t nb, const int8_t *q, const float *dx,
@@ -987,7 +1063,7 @@ static int weight_fits(const gguf_weight *wt, int64_t K) {
     const int bv = block_values(wt->type);
     return bv && K % bv == 0 && K % activation_block(wt->type) == 0 &&
            wt->row_bytes == K / bv * block_bytes(wt->type) &&
-           (wt->type != TYPE_Q4_K_X8 || wt->N % 8 == 0);
+           (!is_x8(wt->type) || wt->N % 8 == 0);
 }
 
 // y[i] = v (+ bias, one float add) as float32 (y_bf16 == 0) or rounded to bfloat16.
@@ -1058,16 +1134,30 @@ static int rows_by_panels(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t
     return 1;
 }
 
-// ------------------------------------------------------- resident panels (Q4_K_X8)
-// The K-quant panels above, kept: a Q4_K target's weights are repacked once at load into
-// 8-row panels with the nibbles still packed (q4k_x8: 1184 B per 8 x 256 values against
-// 1152 in the file), so every product, from one activation row on, runs one vpdpbusd
-// per 4 values x 8 weight rows and one vpmulld per sub-block for 8 weight rows, where
-// the row path spends a vpmaddubsw and a vpdpwssd per 32 values and row. The integers
-// and the float steps per output are q4k_row_scalar's, so the bits are those of every
-// other path. On a 2-core AMD EPYC Zen 4, an 8960x1536 Q4_K from cache: 1 row 0.20 ->
-// 0.08 ms, 3 rows 0.31 -> 0.15, 8 rows 0.56 -> 0.34.
+// ------------------------------------------- resident panels (Q4_K_X8, Q6_K_X8)
+// The K-quant panels above, kept: a Q4_K or Q6_K target's weights are repacked once at
+// load into 8-row panels with the bits still packed (q4k_x8: 1184 B per 8 x 256 values
+// against 1152 in the file; q6k_x8: 1680 B, the file's size), so every product, from
+// one activation row on, runs one vpdpbusd per 4 values x 8 weight rows and one vpmulld
+// per sub-block for 8 weight rows, where the row path spends a vpmaddubsw and a
+// vpdpwssd per 32 values and row. The integers and the float steps per output are
+// q4k_row_scalar's and q6k_row_scalar's, so the bits are those of every other path. On
+// a 2-core AMD EPYC Zen 4: an 8960x1536 Q4_K from cache 1 row 0.20 -> 0.08 ms, 3 rows
+// 0.31 -> 0.15, 8 rows 0.56 -> 0.34; a 1536x8960 Q6_K from memory 1 / 3 / 5 / 8 rows
+// 0.25 / 0.35 / 0.52 / 0.76 -> 0.19 / 0.25 / 0.30 / 0.45 ms, the 151936x1536 Q6_K head
+// 4.6 / 5.2 / 7.3 / 10.5 -> 4.3 / 4.4 / 4.6 / 7.4 ms.
 enum { X8_TOKENS = 8 };
+// Each panel block asks for the block X8_PREFETCH_BYTES ahead: the hardware's prefetch
+// alone left the stream short (the 1.5B target's forward at 1 / 3 / 5 / 8 rows on a
+// 2-core Zen 4, min of 8 alternated: 2 KB ahead 29.0 / 31.2 / 37.9 / 53.4 ms, 6 KB 26.7 /
+// 27.8 / 34.3 / 49.3, 8 KB 26.4 / 26.9 / 33.2 / 50.1; a Q6_K head alone was at 0.6x the
+// row path's speed without it).
+enum { X8_PREFETCH_BYTES = 6144 };
+
+// A panel block's bytes X8_PREFETCH_BYTES ahead (past a weight's end: prefetches do not fault).
+#define PREFETCH_AHEAD(pb)                                  \
+    for (int i_ = 0; i_ < (int)sizeof *(pb); i_ += 64)      \
+        _mm_prefetch((const char *)(pb) + X8_PREFETCH_BYTES + i_, _MM_HINT_T0);
 
 // T (compile-time 1..8) activation rows against a run of nb panels: out[t * 8 + row].
 ALWAYS_INLINE void q4k_x8_rows(const q4k_x8 *p, int64_t nb, const int T, const int8_t *q,
@@ -1078,6 +1168,7 @@ ALWAYS_INLINE void q4k_x8_rows(const q4k_x8 *p, int64_t nb, const int T, const i
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const q4k_x8 *pb = p + b;
+        PREFETCH_AHEAD(pb)
         __m256i s[X8_TOKENS], m[X8_TOKENS];
         for (int t = 0; t < T; t++) s[t] = m[t] = _mm256_setzero_si256();
         for (int sb = 0; sb < 8; sb++) {
@@ -1112,26 +1203,82 @@ ALWAYS_INLINE void q4k_x8_rows(const q4k_x8 *p, int64_t nb, const int T, const i
     for (int t = 0; t < T; t++) _mm256_storeu_ps(out + t * 8, acc[t]);
 }
 
-// Weight rows n0..n1-1 (multiples of 8) of a Q4_K_X8 weight against M activation rows.
+// The same for Q6_K_X8: per 16-value sub-block the low nibbles and high bits of 4 groups
+// x 8 weight rows are joined (the Q6_K row path's shifts and masks), then one vpdpbusd
+// per group and activation row and one vpmulld for the sub-block's scale; the -32
+// offsets come from the scales' pairs against the rows' 16-value sums (one vpdpwssd per
+// pair of sub-blocks), as in q6k_row_scalar: S = sum sc x dot - 32 x sum sc x bsum.
+ALWAYS_INLINE void q6k_x8_rows(const q6k_x8 *p, int64_t nb, const int T, const int8_t *q,
+                               int64_t K, const float *dx, const int16_t *bsum, float *out) {
+    const int64_t ndx = K / QK_K, nbs = K / 16;
+    const __m256i low4 = _mm256_set1_epi8(0xF), high2 = _mm256_set1_epi8(0x30);
+    __m256 acc[X8_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const q6k_x8 *pb = p + b;
+        PREFETCH_AHEAD(pb)
+        __m256i s[X8_TOKENS], o[X8_TOKENS];
+        for (int t = 0; t < T; t++) s[t] = o[t] = _mm256_setzero_si256();
+        for (int pr = 0; pr < 8; pr++) {
+            const __m256i sc2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)pb->sc[pr]));
+            for (int e = 0; e < 2; e++) {
+                const int sb = 2 * pr + e;
+                const __m256i sc = e ? _mm256_srai_epi32(sc2, 16) : _mm256_srai_epi32(_mm256_slli_epi32(sc2, 16), 16);
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)pb->ql[sb][0]);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)pb->ql[sb][1]);
+                const __m256i h = _mm256_loadu_si256((const __m256i *)pb->qh[sb]);
+                const __m256i v[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), high2)),
+                    _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), high2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, high2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(h, 2), high2)),
+                };
+                __m256i dot[X8_TOKENS];
+                for (int t = 0; t < T; t++) dot[t] = _mm256_setzero_si256();
+                for (int g = 0; g < 4; g++)
+                    for (int t = 0; t < T; t++) {
+                        const int8_t *x = q + t * K + b * QK_K + 16 * sb + 4 * g;
+                        dot[t] = DPBUSD256_ACC(dot[t], v[g], _mm256_set1_epi32(load_i32(x)));
+                    }
+                for (int t = 0; t < T; t++) s[t] = _mm256_add_epi32(s[t], _mm256_mullo_epi32(dot[t], sc));
+            }
+            for (int t = 0; t < T; t++)
+                o[t] = DPWSSD256(o[t], sc2, _mm256_set1_epi32(load_i32(bsum + t * nbs + b * 16 + 2 * pr)));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb->d));
+        for (int t = 0; t < T; t++) {
+            const __m256i st = _mm256_sub_epi32(s[t], _mm256_slli_epi32(o[t], 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), _mm256_mul_ps(_mm256_set1_ps(dx[t * ndx + b]), d), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) _mm256_storeu_ps(out + t * 8, acc[t]);
+}
+
+// Weight rows n0..n1-1 (multiples of 8) of a Q4_K_X8 or Q6_K_X8 weight against M
+// activation rows.
 static void rows_x8(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K, int64_t M,
                     const int8_t *q, const float *dx, const int16_t *bsum, void *y, int64_t ldy,
                     int y_bf16) {
-    const int64_t nb = K / QK_K, nbs = K / 16, run = nb * (int64_t)sizeof(q4k_x8);
+    const int q4 = wt->type == TYPE_Q4_K_X8;
+    const int64_t nb = K / QK_K, nbs = K / 16, run = 8 * wt->row_bytes;
     float out[X8_TOKENS * 8];
     for (int64_t n = n0; n < n1; n += 8) {
-        const q4k_x8 *p = (const q4k_x8 *)(wt->w + n / 8 * run);
-        // the next run's first bytes asked for ahead of use (one row: memory-bound)
-        const char *next = (const char *)p + run;
-        const char *end = (const char *)wt->w + n1 / 8 * run;
-        for (int64_t i = 0; i < PREFETCH_BYTES && next + i < end; i += 64) _mm_prefetch(next + i, _MM_HINT_T0);
+        const uint8_t *p = wt->w + n / 8 * run;
         for (int64_t m = 0; m < M; m += X8_TOKENS) {
             const int T = (int)(M - m < X8_TOKENS ? M - m : X8_TOKENS);
             const int8_t *qm = q + m * K;
             const float *dm = dx + m * nb;
             const int16_t *bm = bsum + m * nbs;
-#define X8(p_, nb_, q_, K_, dx_, bs_, out_, R) q4k_x8_rows(p_, nb_, R, q_, K_, dx_, bs_, out_)
-            BY_ROWS(X8, T, p, nb, qm, K, dm, bm, out)
-#undef X8
+#define X4(p_, nb_, q_, K_, dx_, bs_, out_, R) q4k_x8_rows((const q4k_x8 *)p_, nb_, R, q_, K_, dx_, bs_, out_)
+#define X6(p_, nb_, q_, K_, dx_, bs_, out_, R) q6k_x8_rows((const q6k_x8 *)p_, nb_, R, q_, K_, dx_, bs_, out_)
+            if (q4) {
+                BY_ROWS(X4, T, p, nb, qm, K, dm, bm, out)
+            } else {
+                BY_ROWS(X6, T, p, nb, qm, K, dm, bm, out)
+            }
+#undef X4
+#undef X6
             for (int t = 0; t < T; t++)
                 put_outputs8(y, y_bf16, (m + t) * ldy + n, _mm256_loadu_ps(out + t * 8),
                              wt->bias ? wt->bias + n : NULL);
@@ -1673,19 +1820,25 @@ static void weight_rows(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K
 #else
     (void)tiles;
 #endif
-    if (wt->type == TYPE_Q4_K_X8) {
+    if (is_x8(wt->type)) {
 #if defined(__AVX2__)
         if (!scalar) {
             rows_x8(wt, n0, n1, K, M, q, dx, bsum, y, ldy, y_bf16);
             return;
         }
 #endif
-        const int64_t nb = K / QK_K, run = nb * (int64_t)sizeof(q4k_x8);
+        const int64_t nb = K / QK_K, run = 8 * wt->row_bytes;
         for (int64_t n = n0; n < n1; n++)
             for (int64_t m = 0; m < M; m++) {
+                const uint8_t *p = wt->w + n / 8 * run;
+                const int8_t *qm = q + m * K;
+                const float *dm = dx + m * nb;
+                const int16_t *bm = bsum + m * (K / 16);
                 float v;
-                q4k_x8_row_scalar((const q4k_x8 *)(wt->w + n / 8 * run), nb, (int)(n % 8),
-                                  q + m * K, dx + m * nb, bsum + m * (K / 16), &v);
+                if (wt->type == TYPE_Q4_K_X8)
+                    q4k_x8_row_scalar((const q4k_x8 *)p, nb, (int)(n % 8), qm, dm, bm, &v);
+                else
+                    q6k_x8_row_scalar((const q6k_x8 *)p, nb, (int)(n % 8), qm, dm, bm, &v);
                 put_output(y, y_bf16, m * ldy + n, v, wt->bias ? wt->bias + n : NULL);
             }
         return;
@@ -1760,7 +1913,7 @@ static void matmul_team(int count, const gguf_weight *wts, int64_t K, int64_t M,
         if (hi > off && lo < off + size) {  // rows whose first byte lies in [lo, hi)
             int64_t a = lo > off ? (lo - off + rb - 1) / rb : 0;
             int64_t b = hi < off + size ? (hi - off + rb - 1) / rb : wts[i].N;
-            if (wts[i].type == TYPE_Q4_K_X8) {  // whole panels of 8 rows (N % 8 == 0)
+            if (is_x8(wts[i].type)) {  // whole panels of 8 rows (N % 8 == 0)
                 a = (a + 7) / 8 * 8;
                 b = (b + 7) / 8 * 8;
             }
@@ -1836,7 +1989,7 @@ int gguf_linear(const void *x, int x_bf16, int64_t M, int64_t K, int64_t lda, in
 int gguf_dequant_rows(int type, const uint8_t *w, int64_t K, int64_t row_bytes,
                       const int64_t *ids, int64_t n, float *out) {
     const int bv = block_values(type);
-    if (!bv || type == TYPE_Q4_K_X8 || K % bv || row_bytes != K / bv * block_bytes(type))
+    if (!bv || is_x8(type) || K % bv || row_bytes != K / bv * block_bytes(type))
         return -1;
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *row = w + ids[i] * row_bytes;
