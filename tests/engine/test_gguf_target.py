@@ -73,6 +73,23 @@ def test_logits_are_the_dequantised_models_up_to_int8_activations(gguf_dir):
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
 
 
+def test_a_tied_head_reads_the_token_tables_blocks_once(tmp_path):
+    """A tied head (no output tensor in the file) is served from the token table's
+    blocks in the file's layout: not repacked into panels beside the table, which
+    would hold the table twice; its logits are the dequantised model's."""
+    path = write_tiny_gguf_model(tmp_path, "qwen2", tied=True)
+    reference = load(path, torch.float32)
+    model = load(path, torch.float32)
+    form = target_form.apply(model, "gguf", path)
+    head, table = model.get_output_embeddings(), model.get_input_embeddings()
+    assert head.ggml_type == gguf_kernels.Q6_K and head.blocks is table.blocks
+    assert form.weight_bytes <= 1.03 * (path / "tiny.gguf").stat().st_size
+    ids = torch.tensor([PROMPTS[2] * 3])
+    with torch.no_grad():
+        got, want = model(ids).logits, reference(ids).logits
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
 def test_a_positions_logits_do_not_depend_on_the_rows_beside_it(served):
     model, _ = served
     ids = torch.tensor([PROMPTS[2]])

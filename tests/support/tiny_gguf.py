@@ -44,11 +44,17 @@ def llama_permute(rows: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def write_tiny_gguf_model(out: Path, arch: str = "qwen2", seed: int = 0) -> Path:
-    """Write the model directory (config, safetensors, tiny.gguf) to `out`; return it."""
+def write_tiny_gguf_model(
+    out: Path, arch: str = "qwen2", seed: int = 0, tied: bool = False
+) -> Path:
+    """Write the model directory (config, safetensors, tiny.gguf) to `out`; return it.
+    tied: the head is the token table (Q6_K blocks then), the file has no output tensor."""
     rng = np.random.default_rng(seed)
     model = tiny_model(arch, seed=seed, hidden=HIDDEN)
     config = model.config
+    if tied:
+        config.tie_word_embeddings = True
+        model.tie_weights()
     arch_id = {name: a for a, name in MODEL_ARCH_NAMES.items()}[arch]
     names = get_tensor_name_map(arch_id, config.num_hidden_layers)
     out.mkdir(parents=True, exist_ok=True)
@@ -57,9 +63,11 @@ def write_tiny_gguf_model(out: Path, arch: str = "qwen2", seed: int = 0) -> Path
         for module_name, module in model.named_modules():
             if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
                 continue
+            if tied and module is model.get_output_embeddings():
+                continue  # the token table's blocks serve it
             base = names.get_name(module_name)
             role = base.split(".")[-1]
-            ggml_type = TYPE_BY_ROLE.get(role, Q4_K)
+            ggml_type = Q6_K if tied and role == "token_embd" else TYPE_BY_ROLE.get(role, Q4_K)
             n, k = module.weight.shape
             if ggml_type == Q8_0:
                 blocks = quants.quantize(module.weight.float().numpy(), Q8_0)
