@@ -202,9 +202,9 @@ def _llama_row_order(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _serve_gguf(model: Any, path: Path) -> TargetForm:
-    from gguf import GGUFReader
+    from slimspec.cpu.gguf_file import open_tensors
 
-    reader = GGUFReader(path)
+    reader = open_tensors(path)
     arch = str(reader.fields["general.architecture"].contents())
     if arch not in ("qwen2", "llama"):
         raise UnsupportedGGUF(
