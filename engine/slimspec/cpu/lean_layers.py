@@ -204,7 +204,7 @@ class LeanLayer:
             sin.expand(b, t, -1).reshape(b * t, -1).contiguous(),
             cache,
             kwargs,
-            lambda q, k, v: self._attention(q, k, v, attention_mask, kwargs),
+            lambda q, k, v, _scale: self._attention(q, k, v, attention_mask, kwargs),
         )
         return rows.view(b, t, width)
 
@@ -217,14 +217,15 @@ class LeanLayer:
         sin: torch.Tensor,
         cache: Any,
         cache_kwargs: dict[str, Any],
-        attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor],
     ) -> torch.Tensor:
         """The layer with everything but its attention in two native calls
         (gguf_kernels.layer_pre and layer_post): torch's bf16 arithmetic step by step,
         but for the norms' sum order and SiLU's exp, each row on its own.
 
-        rows (b*t, width) and cos/sin (b*t, head_dim) bf16, contiguous; attend(q, k, v)
-        with q (b, Hq, t, d), k/v (b, Hkv, L, d) after the cache's update -> (b, t, Hq, d).
+        rows (b*t, width) and cos/sin (b*t, head_dim) bf16, contiguous; attend(q, k, v,
+        scale) with q (b, Hq, t, d), k/v (b, Hkv, L, d) after the cache's update and the
+        layer's attention scaling -> (b, t, Hq, d).
         Returns the layer's output rows (b*t, width)."""
         attn = self.attn
         q, k, v = gguf_kernels.layer_pre(
@@ -233,7 +234,7 @@ class LeanLayer:
         q, k, v = (y.view(b, t, -1, attn.head_dim).transpose(1, 2) for y in (q, k, v))
         if cache is not None:
             k, v = cache.update(k, v, attn.layer_idx, kwargs=cache_kwargs)
-        out = attend(q, k, v).reshape(b * t, -1).contiguous()
+        out = attend(q, k, v, attn.scaling).reshape(b * t, -1).contiguous()
         return gguf_kernels.layer_post(
             rows,
             out,

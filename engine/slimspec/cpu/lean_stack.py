@@ -165,18 +165,15 @@ class LeanStack:
         cache_kwargs = {"position_ids": position_ids, "use_cache": use_cache}
         allowed: dict[int, torch.Tensor | None] = {}  # by key count: one read of the mask
 
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+            n_keys = k.shape[2]
+            if n_keys not in allowed:
+                allowed[n_keys] = allowed_keys(mask, t, n_keys)
+            return gguf_kernels.attention_rows(
+                q.transpose(1, 2), k, v, allowed[n_keys], float(scale), out_dtype=torch.bfloat16
+            )
+
         for lean in leans:
-
-            def attend(
-                q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = lean.attn.scaling
-            ) -> torch.Tensor:
-                n_keys = k.shape[2]
-                if n_keys not in allowed:
-                    allowed[n_keys] = allowed_keys(mask, t, n_keys)
-                return gguf_kernels.attention_rows(
-                    q.transpose(1, 2), k, v, allowed[n_keys], float(scale), out_dtype=torch.bfloat16
-                )
-
             rows = lean.glued_rows(rows, b, t, cos, sin, cache, cache_kwargs, attend)
         hidden = base.norm(rows.view(b, t, width))
         kept = cache if use_cache or self.cache_always else None
