@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens": args.tokens,
             "prompt_tokens": args.prompt_tokens,
             "prompts_per_domain": args.prompts,
+            "slimspec_draft_context": spec_own.draft_context,
         },
         "single_stream": single,
         "serving": serving,

@@ -201,6 +201,14 @@ def serve_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "SLIMSPEC_LOOKUP_TOKENS; default 12). Output stays the same",
     )
     p.add_argument(
+        "--draft-context",
+        type=int,
+        default=None,
+        help="most prompt tokens the draft model prefills: the last ones before the "
+        "prompt's final token (the target always reads the whole prompt); 0 = the whole "
+        "prompt (env SLIMSPEC_DRAFT_CONTEXT; default 64). Output stays the same",
+    )
+    p.add_argument(
         "--blocked-words",
         default=e("SLIMSPEC_BLOCKED_WORDS", ""),
         help="comma-separated words replaced by *** in outputs",
@@ -266,6 +274,16 @@ def lookup_tokens(value: int | None, env: Mapping[str, str]) -> int:
         return resolve_lookup_tokens(value, env)
     except ValueError as exc:
         raise ValueError(f"--lookup-tokens: {exc}") from None
+
+
+def draft_context(value: int | None, env: Mapping[str, str]) -> int:
+    """--draft-context, else SLIMSPEC_DRAFT_CONTEXT, else the default (>= 0; 0 = all)."""
+    from slimspec.decoding.draft_context import resolve_draft_context
+
+    try:
+        return resolve_draft_context(value, env)
+    except ValueError as exc:
+        raise ValueError(f"--draft-context: {exc}") from None
 
 
 def positive(flag: str, value: float) -> Any:
@@ -341,15 +359,19 @@ def serve(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         cfg = build_config(args, env)
         cache_mb = prefix_cache_mb(args.prefix_cache_mb, env)
         lookup = lookup_tokens(args.lookup_tokens, env)
+        window = draft_context(args.draft_context, env)
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    # The engines read their prefix cache size and lookup drafts' length from the
-    # environment (every engine this process loads, hot swaps included, gets the same).
+    # The engines read their prefix cache size, lookup drafts' length and the draft's
+    # prompt window from the environment (every engine this process loads, hot swaps
+    # included, gets the same).
+    from slimspec.decoding import draft_context as draft_window
     from slimspec.decoding import lookup as lookup_drafts
     from slimspec.decoding import prefix_cache
 
     os.environ[prefix_cache.ENV] = f"{cache_mb:g}"
     os.environ[lookup_drafts.ENV] = str(lookup)
+    os.environ[draft_window.ENV] = str(window)
     import uvicorn
 
     from slimspec.server.app import create_app

@@ -141,6 +141,20 @@ def test_lookup_tokens_from_env_and_flag() -> None:
             lookup_tokens(bad_flag, bad_env)
 
 
+def test_draft_context_from_env_and_flag() -> None:
+    from slimspec.cli import draft_context
+    from slimspec.decoding.draft_context import DEFAULT_DRAFT_CONTEXT
+
+    assert serve_parser({}).parse_args([]).draft_context is None
+    assert draft_context(None, {}) == DEFAULT_DRAFT_CONTEXT
+    assert draft_context(None, {"SLIMSPEC_DRAFT_CONTEXT": "128"}) == 128
+    args = serve_parser({}).parse_args(["--draft-context", "0"])  # whole prompts
+    assert draft_context(args.draft_context, {"SLIMSPEC_DRAFT_CONTEXT": "128"}) == 0
+    for bad_flag, bad_env in ((-1, {}), (None, {"SLIMSPEC_DRAFT_CONTEXT": "all"})):
+        with pytest.raises(ValueError, match="--draft-context"):
+            draft_context(bad_flag, bad_env)
+
+
 def test_prefix_cache_size_from_env_and_flag() -> None:
     from slimspec.cli import prefix_cache_mb
     from slimspec.decoding.prefix_cache import DEFAULT_MB

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from slimspec.decoding.draft_context import resolve_draft_context
 from slimspec.decoding.lookup import resolve_lookup_tokens
 
 
@@ -21,6 +22,8 @@ def test_models_list(client: openai.OpenAI) -> None:
     assert entry["target_quantization"] == "none" and entry["target_form"]
     # lookup drafts' most tokens, as the process's SLIMSPEC_LOOKUP_TOKENS (or the default) set
     assert entry["lookup_tokens"] == resolve_lookup_tokens(None) > 0
+    # the draft's prompt window, as SLIMSPEC_DRAFT_CONTEXT (or the default) set
+    assert entry["draft_context"] == resolve_draft_context(None)
 
 
 def test_completion_and_stream_agree(client: openai.OpenAI) -> None:

@@ -36,6 +36,7 @@ def target_only(tiny) -> Iterator[openai.OpenAI]:
 def test_models_list_says_the_target_only_engine_looks_nothing_up(target_only) -> None:
     entry = target_only.models.list().data[0].model_dump()
     assert entry["lookup_tokens"] == 0
+    assert entry["draft_context"] == 0
 
 
 def entries(resp) -> list[tuple[str, float, list[tuple[str, float]]]]:

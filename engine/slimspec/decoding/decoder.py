@@ -30,6 +30,7 @@ from slimspec.cpu.target_packing import maybe_pack_target
 from slimspec.decoding import grouped_forward
 from slimspec.decoding.adaptive import PROBE_EVERY, AcceptanceEstimate, CostModel, choose_batch_k
 from slimspec.decoding.compression import CompressedHead, resolve_rerank
+from slimspec.decoding.draft_context import resolve_draft_context
 from slimspec.decoding.drafting import (
     Drafter,
     HeadDrafter,
@@ -199,6 +200,7 @@ class SpeculativeDecoder(Engine):
         target_dir: Path | None = None,
         sibling_drafts: int | None = None,
         lookup_tokens: int | None = None,
+        draft_context: int | None = None,
         shadow_every: int = 8,
         prefill_batch: int = 8,
         prefill_chunk: int = 512,
@@ -261,6 +263,9 @@ class SpeculativeDecoder(Engine):
         # Drafts copied from the row's own earlier text where that beats a draft step.
         self._lookup = LookupDrafts(resolve_lookup_tokens(lookup_tokens))
         log.info("lookup drafts: %s", self._lookup.max_tokens or "off")
+        # The draft prefills only the last tokens of a prompt (draft_context.py).
+        window = resolve_draft_context(draft_context)
+        log.info("draft's prompt window: %s", f"{window} tokens" if window else "whole prompts")
         # Held as the two-method interface: the step only proposes and keeps.
         self._drafter: Drafter = HeadDrafter(self.draft, self._heads, siblings, self._clock)
         # The head follows the traffic; counts persist for a draft loaded by name.
@@ -295,6 +300,7 @@ class SpeculativeDecoder(Engine):
             prefill_batch,
             prefill_chunk,
             self.fused_prefill,
+            draft_context=window,
         )
         # joining rows start from the acceptance the decoder measured, not a fixed prior
         monitor = self._compressed.monitor
@@ -385,6 +391,11 @@ class SpeculativeDecoder(Engine):
     @property
     def sibling_drafts(self) -> int:
         return self._sibling_drafts
+
+    @property
+    def draft_context(self) -> int:
+        """The most prompt tokens the draft prefills (0: whole prompts)."""
+        return self._batch.draft_context
 
     @property
     def lookup_tokens(self) -> int:

@@ -63,6 +63,12 @@ class Engine(StepEngine, Protocol):
         ...
 
     @property
+    def draft_context(self) -> int:
+        """The most prompt tokens the draft prefills (decoding/draft_context.py; 0: whole
+        prompts, or no draft)."""
+        ...
+
+    @property
     def ratio_report(self) -> RatioReport | None:
         """The latest prediction of what each ratio costs and buys (None: none yet, or
         no draft head)."""

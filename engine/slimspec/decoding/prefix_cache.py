@@ -7,7 +7,8 @@ block and its own tokens, so a block is found only behind the very same tokens b
 it (the keys are the tokens themselves, not a hash of them: no collisions). A block
 holds both models' keys and values for its tokens, every layer, as one tensor per model
 ((layers, 2, kv heads, block_tokens, head dim)), copied out of the caches they were
-computed in, so nothing done to a batch's caches later can change them. Keys carry
+computed in, so nothing done to a batch's caches later can change them (the target's
+alone where the draft prefills only a window of each prompt, draft_context.py). Keys carry
 RoPE at absolute positions; a shared prefix sits at the same positions in every prompt
 that has it, so the stored keys are reused as they are.
 
@@ -35,8 +36,9 @@ ENV = "SLIMSPEC_PREFIX_CACHE_MB"
 
 Key = tuple[int, tuple[int, ...]]  # (parent block's id, 0 for none; the block's tokens)
 # extract(start, end) -> (target, draft): both models' slots start..end of the prompt,
-# (layers, 2, kv heads, end - start, head dim) each
-Extract = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+# (layers, 2, kv heads, end - start, head dim) each; draft None where the draft's cache
+# holds only a window of the prompt (draft_context.py)
+Extract = Callable[[int, int], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 @dataclass
@@ -45,7 +47,7 @@ class _Block:
     key: Key
     parent: _Block | None
     target: torch.Tensor
-    draft: torch.Tensor
+    draft: torch.Tensor | None
     children: int = 0
 
     @property
@@ -56,7 +58,8 @@ class _Block:
 @dataclass(frozen=True)
 class PrefixHit:
     """The longest stored prefix of a prompt: its length in tokens and both models' keys
-    and values for it, (layers, 2, kv heads, tokens, head dim); None when nothing hit."""
+    and values for it, (layers, 2, kv heads, tokens, head dim); None when nothing hit
+    (the draft's also where a block of it was stored without the draft's)."""
 
     tokens: int = 0
     target: torch.Tensor | None = None
@@ -79,8 +82,8 @@ class PrefixCacheStats:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def tensor_bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
 
 
 def mb_to_bytes(mb: float) -> int:
@@ -150,9 +153,12 @@ class PrefixCache:
             self._hits += 1
             self._hit_tokens += n
             target = [b.target for b in path]
-            draft = [b.draft for b in path]
+            drafts = [b.draft for b in path]
         # stored blocks are never written to, so they are read outside the lock
-        return PrefixHit(n, torch.cat(target, dim=3), torch.cat(draft, dim=3))
+        draft = None
+        if all(d is not None for d in drafts):
+            draft = torch.cat([d for d in drafts if d is not None], dim=3)
+        return PrefixHit(n, torch.cat(target, dim=3), draft)
 
     def stats(self) -> PrefixCacheStats:
         with self._lock:
@@ -171,7 +177,8 @@ class PrefixCache:
     # ----------------------------------------------------------------- writing
     def store(self, tokens: Sequence[int], extract: Extract) -> int:
         """Store the full blocks of `tokens` not stored yet; extract(start, end) gives both
-        models' keys and values for tokens[start:end]. Returns the tokens stored."""
+        models' keys and values for tokens[start:end] (the draft's may be None). Returns
+        the tokens stored."""
         bt = self.block_tokens
         n_full = full_blocks(len(tokens), bt)
         if n_full == 0 or self.max_bytes <= 0:
@@ -192,7 +199,9 @@ class PrefixCache:
                         (parent.id if parent else 0, tuple(tokens[start : start + bt])),
                         parent,
                         target[:, :, :, cols].clone(memory_format=torch.contiguous_format),
-                        draft[:, :, :, cols].clone(memory_format=torch.contiguous_format),
+                        None
+                        if draft is None
+                        else draft[:, :, :, cols].clone(memory_format=torch.contiguous_format),
                     )
                     self._blocks[block.key] = block
                     self._bytes += block.nbytes

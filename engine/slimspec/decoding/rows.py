@@ -1,12 +1,14 @@
 """The rows of the batch: admission, prefill, padding, appending tokens, results.
 
 Invariants per row: the target cache holds seq[:-1] (the last token is always the
-first input of the next verification); the draft cache holds seq[:draft_seen].
+first input of the next verification); the draft cache holds seq[w:draft_seen], where w
+is the start of its prompt window (draft_context.py; 0 with the whole prompt).
 
 With a prefix cache (prefix_cache.py), a new prompt's caches start from the longest
 stored prefix of prompt[:-1] and only the rest is prefilled (chunked, or riding on the
 verification); every prompt's full blocks are stored once both models' caches hold
-them.
+them (the target's alone where the draft prefills only a window: it then prefills its
+window again after a hit).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from slimspec.decoding.adaptive import AcceptanceEstimate
+from slimspec.decoding.draft_context import window_start
 from slimspec.decoding.grouped_forward import Group, forward_groups
 from slimspec.decoding.kv import BatchKV, forward
 from slimspec.decoding.lookup import NgramIndex
@@ -71,6 +74,7 @@ class PrefillJob:
     kv_t: BatchKV | None = None
     kv_d: BatchKV | None = None
     seconds: float = 0.0
+    draft_done: int = 0  # kv_d holds prompt[window start:draft_done]
 
     @property
     def remaining(self) -> int:
@@ -129,6 +133,7 @@ class RowBatch:
         prefill_chunk: int = 512,
         fuse_prefill: bool = False,
         prefix_cache: PrefixCache | None = None,
+        draft_context: int = 0,
     ) -> None:
         self.rows: list[Row] = []
         # A joining row's acceptance estimate (the decoder seeds it with what it measured)
@@ -149,6 +154,7 @@ class RowBatch:
         self.riding: list[Group] = []  # target prefill of the last n_riding rows
         self._riding_base: list[int] = []  # per riding group: cache slots before its prompt
         self.prefix_cache = prefix_cache  # None: off
+        self.draft_context = draft_context  # the draft's prompt window (0: whole prompts)
         self._evictions_seen = 0
         self._store_s = 0.0  # storing blocks since the last admission
         self._prefilling: deque[PrefillJob] = deque()
@@ -225,9 +231,13 @@ class RowBatch:
         t0 = time.perf_counter()
         hit = self.prefix_cache.lookup(req.prompt_ids[:-1])
         stats.prefix_lookups += 1
-        if hit.target is not None and hit.draft is not None:
+        if hit.target is not None and (hit.draft is not None or self.draft_context):
             job.kv_t = BatchKV.from_slots(self.device, self._target_base.config, hit.target)
-            job.kv_d = BatchKV.from_slots(self.device, self._draft_base.config, hit.draft)
+            if hit.draft is not None and not self.draft_context:
+                job.kv_d = BatchKV.from_slots(self.device, self._draft_base.config, hit.draft)
+                job.draft_done = hit.tokens
+            else:  # the draft prefills its window with the rest (_draft_prefill)
+                job.kv_d = BatchKV(self.device)
             job.done = job.cached = hit.tokens
             stats.prefix_hits += 1
             stats.prefix_hit_tokens += hit.tokens
@@ -257,7 +267,8 @@ class RowBatch:
         self, req: GenerationRequest, kv_t: BatchKV, row_t: int, kv_d: BatchKV, row_d: int
     ) -> None:
         """Store the full blocks of the request's prompt[:-1] from the rows that hold it
-        (their first valid slots) in the prefix cache."""
+        (their first valid slots) in the prefix cache; the target's alone where the
+        draft holds only a window of the prompt."""
         cache = self.prefix_cache
         n = len(req.prompt_ids) - 1
         if cache is None or n < cache.block_tokens:
@@ -267,7 +278,7 @@ class RowBatch:
             req.prompt_ids[:n],
             lambda start, end: (
                 kv_t.row_slots(row_t, start, end),
-                kv_d.row_slots(row_d, start, end),
+                None if self.draft_context else kv_d.row_slots(row_d, start, end),
             ),
         )
         self._store_s += time.perf_counter() - t0
@@ -324,7 +335,7 @@ class RowBatch:
             rest = right_aligned([list(job.req.prompt_ids[job.done : -1])], [job.done])
             ids, pos, real = (t.to(self.device) for t in rest)
             groups.append(Group(job.kv_t, ids, pos, real))
-            forward(self._draft_base, job.kv_d, ids, pos, real)
+            self._draft_prefill(job, len(job.req.prompt_ids) - 1)
         forward_groups(self._target_base, groups)
         elapsed = time.perf_counter() - t0
         stats.prefill_time_s += elapsed
@@ -335,6 +346,7 @@ class RowBatch:
     def _complete(self, job: PrefillJob) -> None:
         """A job whose caches hold all of prompt[:-1] joins the batch."""
         assert job.kv_t is not None and job.kv_d is not None
+        self._draft_prefill(job, len(job.req.prompt_ids) - 1)  # a whole hit's window
         self._store_prefix(job.req, job.kv_t, 0, job.kv_d, 0)
         self.target_kv.append_rows(job.kv_t)
         self.draft_kv.append_rows(job.kv_d)
@@ -346,11 +358,7 @@ class RowBatch:
         assert job.kv_t is not None and job.kv_d is not None
         t0 = time.perf_counter()
         prompt = list(job.req.prompt_ids)
-        if job.remaining:
-            ids, pos, real = (
-                t.to(self.device) for t in right_aligned([prompt[job.done : -1]], [job.done])
-            )
-            forward(self._draft_base, job.kv_d, ids, pos, real)
+        self._draft_prefill(job, len(prompt) - 1)
         rest = right_aligned([prompt[job.done :]], [job.done])
         self._riding_base.append(job.kv_t.length)
         self.riding.append(Group(job.kv_t, *(t.to(self.device) for t in rest)))
@@ -369,11 +377,28 @@ class RowBatch:
         pos = torch.arange(job.done, job.done + n, device=self.device).unsqueeze(0)
         real = torch.ones(1, n, dtype=torch.bool, device=self.device)
         forward(self._target_base, job.kv_t, ids, pos, real)
-        forward(self._draft_base, job.kv_d, ids, pos, real)
+        self._draft_prefill(job, job.done + n)
         job.done += n
         elapsed = time.perf_counter() - t0
         job.seconds += elapsed
         stats.prefill_time_s += elapsed
+
+    def _draft_prefill(self, job: PrefillJob, end: int) -> None:
+        """The draft's part of prompt[:end] that job.kv_d lacks: from where it left off,
+        or from its window's start (after a hit that brought the target's slots only)."""
+        assert job.kv_d is not None
+        prompt = job.req.prompt_ids
+        start = max(job.draft_done, window_start(len(prompt), self.draft_context))
+        if end > start:
+            ids, pos, real = right_aligned([list(prompt[start:end])], [start])
+            forward(
+                self._draft_base,
+                job.kv_d,
+                ids.to(self.device),
+                pos.to(self.device),
+                real.to(self.device),
+            )
+        job.draft_done = max(job.draft_done, end)
 
     def _prefill(
         self, reqs: list[GenerationRequest], stats: DecoderStats, ride: bool = False
@@ -388,7 +413,9 @@ class RowBatch:
             t.to(self.device) for t in right_aligned([p[:-1] for p in prompts], [0] * len(prompts))
         )
         kv_d = BatchKV(self.device)
-        forward(self._draft_base, kv_d, ids, pos, real)
+        starts = [window_start(len(p), self.draft_context) for p in prompts]
+        window = right_aligned([p[s:-1] for p, s in zip(prompts, starts, strict=True)], starts)
+        forward(self._draft_base, kv_d, *(t.to(self.device) for t in window))
         if ride:
             whole = right_aligned(prompts, [0] * len(prompts))
             self._riding_base.append(0)

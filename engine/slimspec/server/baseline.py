@@ -100,6 +100,10 @@ class TargetOnlyEngine(Engine):
     def lookup_tokens(self) -> int:
         return 0  # every token is the target's own: nothing is drafted
 
+    @property
+    def draft_context(self) -> int:
+        return 0  # no draft prefills anything
+
     def set_compression_ratio(self, ratio: float) -> None:
         pass
 

@@ -651,6 +651,9 @@ async def models(request: Request) -> dict[str, Any]:
                 "target_form": served.engine.target_form.detail,
                 # lookup drafts' most tokens (0: off, and always without a draft)
                 "lookup_tokens": served.engine.lookup_tokens,
+                # the most prompt tokens the draft prefills (0: whole prompts, and
+                # always without a draft)
+                "draft_context": served.engine.draft_context,
             }
         )
     return {"object": "list", "data": data}

@@ -1,0 +1,50 @@
+"""The draft's prompt window: how much of a prompt the draft model prefills.
+
+Why: the draft only proposes, and what it proposes next depends mostly on the last
+tokens; the target verifies every token against the whole prompt, so output stays
+exactly the target's whatever the draft saw. Prefilling the draft with the whole prompt
+costs about a sixth of a prompt's prefill with the default pair (250-token prompts on
+2 cores: ~0.19 s of ~1.35 s) and grows with the prompt, while its acceptance was no
+better than with the last 64 tokens (docs/engine.md, "The draft's prompt window").
+Lookup drafts (lookup.py) still index the whole sequence.
+
+`draft_context` = n keeps the last n tokens of prompt[:-1] in the draft's cache, at their
+own positions (RoPE keys are relative, so the draft attends over a shorter past of the
+same text); everything generated after the prompt is kept too. 0 prefills the whole
+prompt (the draft's cache then holds what the target's does, and the prefix cache keeps
+both models' blocks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+DEFAULT_DRAFT_CONTEXT = 64
+ENV = "SLIMSPEC_DRAFT_CONTEXT"
+
+
+def resolve_draft_context(value: int | None, env: Mapping[str, str] | None = None) -> int:
+    """The draft's prompt window in tokens (0: the whole prompt). None reads
+    SLIMSPEC_DRAFT_CONTEXT from env (default: the process's; DEFAULT_DRAFT_CONTEXT where
+    unset)."""
+    if value is None:
+        env = os.environ if env is None else env
+        raw = env.get(ENV, str(DEFAULT_DRAFT_CONTEXT))
+        try:
+            parsed = int(raw)
+        except ValueError:
+            parsed = -1
+        if parsed < 0:
+            raise ValueError(f"{ENV} must be an int >= 0 (0: the whole prompt), got {raw!r}")
+        return parsed
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"draft_context must be an int >= 0 (0: the whole prompt), got {value!r}")
+    return value
+
+
+def window_start(prompt_len: int, draft_context: int) -> int:
+    """The first prompt position the draft's cache holds for a prompt of prompt_len
+    tokens: the start of the last draft_context tokens of prompt[:-1] (0: all of it)."""
+    held = max(0, prompt_len - 1)
+    return max(0, held - draft_context) if draft_context else 0
