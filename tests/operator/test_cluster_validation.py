@@ -149,6 +149,13 @@ CASES += [
         {"env": [{"name": "SLIMSPEC_LOOKUP_TOKENS", "value": "4"}]},
         "engine.env must not set a variable the operator sets",
     ),
+    ("spec.engine", {"draftContext": 40000}, "spec.engine.draftContext: Invalid value"),
+    ("spec.engine", {"draftContext": -1}, "spec.engine.draftContext: Invalid value"),
+    (
+        "spec.engine",
+        {"env": [{"name": "SLIMSPEC_DRAFT_CONTEXT", "value": "0"}]},
+        "engine.env must not set a variable the operator sets",
+    ),
     (
         "spec.disruptionBudget",
         {"maxUnavailable": 1, "minAvailable": 1},

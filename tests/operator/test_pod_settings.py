@@ -264,6 +264,7 @@ def test_target_quantization_reaches_the_engine_and_bad_values_are_refused() -> 
     [
         ("prefixCacheMB", "SLIMSPEC_PREFIX_CACHE_MB", (0, 65536, 256), (-1, 70000)),
         ("lookupTokens", "SLIMSPEC_LOOKUP_TOKENS", (0, 64, 12), (-1, 65, "many")),
+        ("draftContext", "SLIMSPEC_DRAFT_CONTEXT", (0, 32768, 64), (-1, 40000, "all")),
     ],
 )
 def test_engine_settings_reach_the_engine_and_bad_values_are_refused(

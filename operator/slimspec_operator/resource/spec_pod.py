@@ -35,6 +35,7 @@ RESERVED_ENV = (
     "SLIMSPEC_TARGET_QUANTIZATION",
     "SLIMSPEC_PREFIX_CACHE_MB",
     "SLIMSPEC_LOOKUP_TOKENS",
+    "SLIMSPEC_DRAFT_CONTEXT",
     "MODEL_VERSION",
     "COMPRESSION_RATIO",
     "QUALITY_THRESHOLD",
@@ -162,6 +163,8 @@ class EngineSpec(_Model):
     prefix_cache_mb: int = Field(256, ge=0, le=65536, alias="prefixCacheMB")
     # The engine's SLIMSPEC_LOOKUP_TOKENS (engine/slimspec/decoding/lookup.py).
     lookup_tokens: int = Field(12, ge=0, le=64)
+    # The engine's SLIMSPEC_DRAFT_CONTEXT (engine/slimspec/decoding/draft_context.py).
+    draft_context: int = Field(64, ge=0, le=32768)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     env_from: list[EnvFromSource] = Field(default_factory=list, max_length=16)
     args: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(

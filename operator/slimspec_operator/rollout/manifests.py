@@ -164,6 +164,7 @@ def pod_template(svc: SlimSpecService) -> Manifest:
         {"name": "SLIMSPEC_TARGET_QUANTIZATION", "value": spec.model.target_quantization},
         {"name": "SLIMSPEC_PREFIX_CACHE_MB", "value": str(spec.engine.prefix_cache_mb)},
         {"name": "SLIMSPEC_LOOKUP_TOKENS", "value": str(spec.engine.lookup_tokens)},
+        {"name": "SLIMSPEC_DRAFT_CONTEXT", "value": str(spec.engine.draft_context)},
         _cm_env("COMPRESSION_RATIO", RATIO_KEY, cm),
         _cm_env("QUALITY_THRESHOLD", THRESHOLD_KEY, cm),
         _cm_env("FALLBACK_STRATEGY", FALLBACK_KEY, cm),
