@@ -71,6 +71,7 @@ TYPE_NAMES = {
     Q6_K_X8: "Q6_K in 8-row panels",
 }
 PANEL_FORMS = {Q4_K: Q4_K_X8, Q6_K: Q6_K_X8}  # a file's type -> its resident panels
+PANEL_PACKERS = {Q4_K: "q4k_pack_x8", Q6_K: "q6k_pack_x8"}  # ... and the C that packs them
 PANELS_ENV = "SLIMSPEC_GGUF_PANELS"  # 0: keep Q4_K and Q6_K in the file's layout (A/B runs)
 # the builds that multiply from resident panels (the AVX2 family; AMX tiles read the
 # file's layout, the portable build gains nothing from it)
@@ -126,7 +127,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.layer_post.restype = i32
     lib.simd_path.argtypes = []
     lib.simd_path.restype = i32
-    for pack in (lib.q4k_pack_x8, lib.q6k_pack_x8):
+    for pack in (getattr(lib, name) for name in PANEL_PACKERS.values()):
         pack.argtypes = [p, i64, i64, i64, p]
         pack.restype = i32
     return lib
@@ -235,7 +236,7 @@ def _pack_x8(lib: ctypes.CDLL, ggml_type: int, blocks: torch.Tensor, k: int) -> 
     blocks = blocks.contiguous()
     form = PANEL_FORMS[ggml_type]
     out = torch.empty(n, k // BLOCK_VALUES[form] * BLOCK_BYTES[form], dtype=torch.uint8)
-    pack = lib.q4k_pack_x8 if ggml_type == Q4_K else lib.q6k_pack_x8
+    pack = getattr(lib, PANEL_PACKERS[ggml_type])
     if pack(_ptr(blocks), n, k, blocks.shape[1], _ptr(out)):
         raise ValueError(
             f"{TYPE_NAMES[ggml_type]} panels need rows of 256-value blocks in groups of 8, "

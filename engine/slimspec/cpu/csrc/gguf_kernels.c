@@ -345,9 +345,6 @@ int q4k_pack_x8(const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, uint8
     return 0;
 }
 
-// Q6_K's order (all builds): per block the exact integer S = sum over the 16 sub-blocks
-// of scale x (16-value dot of the 6-bit values 0..63) - 32 x sum of scale x (the
-// sub-block's activation sum), then acc = fma(S, dx*d, acc), block after block.
 // A Q6_K block's 256 values 0..63 in order.
 static void q6k_values(const block_q6_K *w, uint8_t *v) {
     for (int h = 0; h < 2; h++) {
@@ -361,6 +358,9 @@ static void q6k_values(const block_q6_K *w, uint8_t *v) {
     }
 }
 
+// Q6_K's order (all builds): per block the exact integer S = sum over the 16 sub-blocks
+// of scale x (16-value dot of the 6-bit values 0..63) - 32 x sum of scale x (the
+// sub-block's activation sum), then acc = fma(S, dx*d, acc), block after block.
 static void q6k_row_scalar(const block_q6_K *w, int64_t nb, const int8_t *q, const float *dx,
                            const int16_t *bsum, float *out) {
     float acc = 0.0f;
@@ -1851,8 +1851,8 @@ static void weight_rows(const gguf_weight *wt, int64_t n0, int64_t n1, int64_t K
     const int64_t ndx = K / activation_block(wt->type);
     float tmp[ROW_GROUP];
     void *lanes = NULL;  // row_lanes of each group of ROW_GROUP rows, where they pay
-    int64_t lanes_stride = 0;
 #if defined(__AVX2__)
+    int64_t lanes_stride = 0;
     if (!scalar && M >= LANES_MIN_ROWS && M <= M_CHUNK &&
         (wt->type == TYPE_Q4_K || wt->type == TYPE_Q6_K)) {
         lanes_stride = K / QK_K;
