@@ -67,3 +67,19 @@ def target_only(target, reqs) -> list[list[int]]:
         for o in eng.step():
             out[o.request_id].extend(o.new_token_ids)
     return [out[r.request_id] for r in reqs]
+
+
+def run_steps(dec, reqs, later=(), after_steps=2):  # type: ignore[no-untyped-def]
+    """Every request's tokens; `later` arrive once the batch has decoded a few steps."""
+    got: dict[str, list[int]] = {r.request_id: [] for r in [*reqs, *later]}
+    for r in reqs:
+        dec.add_request(r)
+    steps = 0
+    while dec.has_work():
+        for out in dec.step():
+            got[out.request_id].extend(out.new_token_ids)
+        steps += 1
+        if steps == after_steps:
+            for r in later:
+                dec.add_request(r)
+    return got

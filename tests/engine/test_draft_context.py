@@ -15,7 +15,7 @@ from slimspec.decoding.draft_context import (
 )
 from slimspec.decoding.types import GenerationRequest, SamplingParams
 
-from tests.engine.helpers import prompts, target_greedy
+from tests.engine.helpers import prompts, run_steps, target_greedy
 from tests.support.tiny_models import TINY_VOCAB
 
 WINDOW = 5
@@ -39,22 +39,6 @@ def _draft_widths(dec: SpeculativeDecoder) -> tuple[list[int], torch.utils.hooks
         seen.append(int(ids.shape[1]))
 
     return seen, dec._batch._draft_base.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def _run(dec, reqs, later=(), after_steps=2):  # type: ignore[no-untyped-def]
-    """Every request's tokens; `later` arrive once the batch has decoded a few steps."""
-    got: dict[str, list[int]] = {r.request_id: [] for r in [*reqs, *later]}
-    for r in reqs:
-        dec.add_request(r)
-    steps = 0
-    while dec.has_work():
-        for out in dec.step():
-            got[out.request_id].extend(out.new_token_ids)
-        steps += 1
-        if steps == after_steps:
-            for r in later:
-                dec.add_request(r)
-    return got
 
 
 def _reqs(ps, tag: str, n: int = N_NEW, sp: SamplingParams | None = None):  # type: ignore[no-untyped-def]
@@ -87,7 +71,7 @@ def test_whole_prompts_decode_as_the_target_and_the_draft_prefills_its_window(ar
     seen, handle = _draft_widths(dec)
     ps = prompts(5, TINY_VOCAB, seed=3, lengths=(1, 2, 6, 30, 61))
     try:
-        got = _run(dec, _reqs(ps, "r"))
+        got = run_steps(dec, _reqs(ps, "r"))
     finally:
         handle.remove()
     assert seen[0] == WINDOW  # one forward for the batch: the longest window, not 60 tokens
@@ -122,7 +106,7 @@ def test_chunked_prefill_feeds_the_draft_only_the_chunks_window(tiny_llama_pair)
     seen, handle = _draft_widths(dec)
     ps = prompts(2, TINY_VOCAB, seed=8, lengths=(37, 100))
     try:
-        got = _run(dec, _reqs(ps, "c"))
+        got = run_steps(dec, _reqs(ps, "c"))
     finally:
         handle.remove()
     for i, p in enumerate(ps):
@@ -136,7 +120,7 @@ def test_prompts_riding_on_the_verification_decode_as_the_target(tiny_qwen2_pair
     dec = _decoder(tiny_qwen2_pair)
     busy = _reqs(prompts(1, TINY_VOCAB, seed=2, lengths=(9,)), "busy", n=30)
     later = _reqs(prompts(3, TINY_VOCAB, seed=5, lengths=(3, 25, 48)), "late")
-    got = _run(dec, busy, later)
+    got = run_steps(dec, busy, later)
     assert dec.stats.fused_prefills >= len(later)  # they rode (where the target can)
     for r in [*busy, *later]:
         assert got[r.request_id] == target_greedy(
@@ -153,19 +137,19 @@ def test_prefix_cache_hits_keep_the_targets_blocks_and_the_draft_prefills_its_wi
     system = prompts(1, TINY_VOCAB, seed=1, lengths=(40,))[0]
     turns = [[*system, 7], system + prompts(1, TINY_VOCAB, seed=9, lengths=(13,))[0]]
     dec = _decoder(tiny_llama_pair, prefix_cache_mb=16, prefix_block_tokens=4, prefill_chunk=chunk)
-    first = _run(dec, _reqs(turns[:1], "first"))
+    first = run_steps(dec, _reqs(turns[:1], "first"))
     cache = dec.prefix_cache
     assert cache is not None
     hit = cache.lookup(system)
     assert hit.tokens == 40 and hit.target is not None and hit.draft is None
-    got = _run(dec, _reqs(turns, "t"))
+    got = run_steps(dec, _reqs(turns, "t"))
     assert dec.stats.prefix_hits == 2  # (the lookup above is the cache's own count)
     for i, p in enumerate(turns):
         assert got[f"t{i}"] == target_greedy(tiny_llama_pair[0], p, N_NEW), i
     assert first["first0"] == got["t0"]
     # riding hits too: one row decoding while the turns arrive
     busy = _reqs([[5, 6, 7]], "busy", n=25)
-    got = _run(dec, busy, _reqs(turns, "late"))
+    got = run_steps(dec, busy, _reqs(turns, "late"))
     for i, p in enumerate(turns):
         assert got[f"late{i}"] == target_greedy(tiny_llama_pair[0], p, N_NEW), i
 
@@ -174,7 +158,7 @@ def test_without_a_window_the_prefix_cache_keeps_both_models_blocks(tiny_llama_p
     system = prompts(1, TINY_VOCAB, seed=1, lengths=(40,))[0]
     dec = _decoder(tiny_llama_pair, 0, prefix_cache_mb=16, prefix_block_tokens=4)
     assert dec.draft_context == 0
-    _run(dec, _reqs([[*system, 7]], "first"))
+    run_steps(dec, _reqs([[*system, 7]], "first"))
     assert dec.prefix_cache is not None
     hit = dec.prefix_cache.lookup(system)
     assert hit.target is not None and hit.draft is not None
@@ -183,7 +167,7 @@ def test_without_a_window_the_prefix_cache_keeps_both_models_blocks(tiny_llama_p
 def test_seeded_sampling_gives_the_same_text_whatever_the_window(tiny_llama_pair):
     sp = SamplingParams(temperature=0.9, top_p=0.95, seed=1234)
     ps = prompts(2, TINY_VOCAB, seed=6, lengths=(33, 70))
-    outs = [_run(_decoder(tiny_llama_pair, w), _reqs(ps, "s", 16, sp)) for w in (0, 2, WINDOW)]
+    outs = [run_steps(_decoder(tiny_llama_pair, w), _reqs(ps, "s", 16, sp)) for w in (0, 2, WINDOW)]
     assert outs[0] == outs[1] == outs[2]
 
 
@@ -197,12 +181,12 @@ def test_a_window_as_long_as_the_prompt_drafts_as_the_whole_prompt(tiny_llama_pa
     common = {"prefill_chunk": chunk, "prefix_block_tokens": 4, "adaptive_skip": False}
     whole = _decoder(tiny_llama_pair, 0, **common)
     covering = _decoder(tiny_llama_pair, 1000, prefix_cache_mb=16, **common)
-    _run(covering, _reqs([[*system, 3]], "warm"))  # stores the system prompt's blocks
+    run_steps(covering, _reqs([[*system, 3]], "warm"))  # stores the system prompt's blocks
     busy = _reqs([[5, 6, 7]], "busy", n=20)
     runs = []
     for dec in (whole, covering):
         dec.stats = type(dec.stats)()
-        runs.append((_run(dec, busy, _reqs(turns, "t")), dec.stats))
+        runs.append((run_steps(dec, busy, _reqs(turns, "t")), dec.stats))
     (got_whole, s_whole), (got_covering, s_covering) = runs
     assert got_whole == got_covering
     assert s_covering.prefix_hits == len(turns)

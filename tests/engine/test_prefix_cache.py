@@ -12,7 +12,7 @@ from slimspec.decoding.prefix_cache import PrefixCache, blocks_that_fit, resolve
 from slimspec.decoding.rows import right_aligned
 from slimspec.decoding.types import GenerationRequest, SamplingParams
 
-from tests.engine.helpers import target_greedy
+from tests.engine.helpers import run_steps, target_greedy
 from tests.support.tiny_models import TINY_VOCAB, tiny_pair
 
 BLOCK = 4
@@ -36,22 +36,6 @@ def _decoder(pair, cache_mb: float = 16.0, **kw):  # type: ignore[no-untyped-def
     )
 
 
-def _run(dec, reqs, later=(), after_steps=2):  # type: ignore[no-untyped-def]
-    """Every request's tokens; `later` arrive once the batch has decoded a few steps."""
-    got: dict[str, list[int]] = {r.request_id: [] for r in [*reqs, *later]}
-    for r in reqs:
-        dec.add_request(r)
-    steps = 0
-    while dec.has_work():
-        for out in dec.step():
-            got[out.request_id].extend(out.new_token_ids)
-        steps += 1
-        if steps == after_steps:
-            for r in later:
-                dec.add_request(r)
-    return got
-
-
 def _reqs(prompts, tag: str, n: int = N_NEW, sp: SamplingParams | None = None):  # type: ignore[no-untyped-def]
     return [
         GenerationRequest(f"{tag}{i}", p, n, sp or SamplingParams()) for i, p in enumerate(prompts)
@@ -67,10 +51,10 @@ def test_cached_and_uncached_runs_give_the_target_greedy_output(arch, chunk):
     target = pair[0]
     cached, plain = _decoder(pair, prefill_chunk=chunk), _decoder(pair, 0, prefill_chunk=chunk)
     assert plain.prefix_cache is None
-    first = _run(cached, _reqs([TURNS[0]], "first"))  # stores the system prompt's blocks
+    first = run_steps(cached, _reqs([TURNS[0]], "first"))  # stores the system prompt's blocks
     assert cached.stats.prefix_hit_tokens == 0
-    got = _run(cached, _reqs(TURNS, "t"))
-    want = _run(plain, _reqs(TURNS, "t"))
+    got = run_steps(cached, _reqs(TURNS, "t"))
+    want = run_steps(plain, _reqs(TURNS, "t"))
     assert got == want
     for i, p in enumerate(TURNS):
         assert got[f"t{i}"] == target_greedy(target, p, N_NEW)
@@ -87,11 +71,11 @@ def test_hits_ride_on_the_verification_and_stay_exact(tiny_llama_pair):
     verification forward against the cached slots."""
     dec = _decoder(tiny_llama_pair)
     target = tiny_llama_pair[0]
-    _run(dec, _reqs([TURNS[2]], "warm"))
+    run_steps(dec, _reqs([TURNS[2]], "warm"))
     busy = _reqs([_tokens(9, seed=3)], "busy", n=30)
     later = _reqs(TURNS, "t")
     before = dec.stats.fused_prefills
-    got = _run(dec, busy, later)
+    got = run_steps(dec, busy, later)
     assert dec.stats.fused_prefills - before == len(later)  # every hit rode
     for r in [*busy, *later]:
         assert got[r.request_id] == target_greedy(target, list(r.prompt_ids), r.max_new_tokens)
@@ -103,9 +87,9 @@ def test_a_batch_of_hits_and_misses_together(tiny_qwen2_pair):
     prompt shorter than a block, all admitted at once, then again as arrivals."""
     target = tiny_qwen2_pair[0]
     dec = _decoder(tiny_qwen2_pair)
-    _run(dec, _reqs([TURNS[1]], "warm"))
+    run_steps(dec, _reqs([TURNS[1]], "warm"))
     mix = [TURNS[0], _tokens(30, seed=5), TURNS[3], _tokens(1, seed=6), TURNS[3], [4, 5, 6]]
-    got = _run(dec, _reqs(mix, "m"), _reqs(mix, "late"))
+    got = run_steps(dec, _reqs(mix, "m"), _reqs(mix, "late"))
     for tag in ("m", "late"):
         for i, p in enumerate(mix):
             assert got[f"{tag}{i}"] == target_greedy(target, p, N_NEW), (tag, i)
@@ -135,7 +119,7 @@ def test_eviction_keeps_the_cache_within_its_bytes_and_the_output_exact(tiny_lla
     block_bytes = probe.stats.prefix_cache_bytes // probe.stats.prefix_cache_blocks
     dec = _decoder(tiny_llama_pair, cache_mb=12.5 * block_bytes / 2**20)  # 12 blocks
     prompts = [_tokens(30, seed=s) for s in range(20, 26)]  # 7 blocks each
-    got = _run(dec, _reqs(prompts, "a"))
+    got = run_steps(dec, _reqs(prompts, "a"))
     cache = dec.prefix_cache
     assert cache is not None
     held = cache.stats()
@@ -143,7 +127,7 @@ def test_eviction_keeps_the_cache_within_its_bytes_and_the_output_exact(tiny_lla
     assert dec.stats.prefix_evictions == held.evictions > 0
     assert dec.stats.prefix_cache_bytes == held.bytes
     # the most recent prompt is still whole; the first ones were evicted
-    again = _run(dec, _reqs([prompts[-1], prompts[0]], "b"))
+    again = run_steps(dec, _reqs([prompts[-1], prompts[0]], "b"))
     assert dec.stats.prefix_hit_tokens == 28
     for i, p in enumerate(prompts):
         assert got[f"a{i}"] == target_greedy(target, p, N_NEW)
@@ -153,10 +137,10 @@ def test_eviction_keeps_the_cache_within_its_bytes_and_the_output_exact(tiny_lla
 def test_seeded_sampling_is_the_same_with_and_without_the_cache(tiny_llama_pair):
     sp = SamplingParams(temperature=0.9, top_k=0, top_p=0.95, seed=4321)
     cached, plain = _decoder(tiny_llama_pair), _decoder(tiny_llama_pair, 0)
-    _run(cached, _reqs([TURNS[0]], "warm"))
+    run_steps(cached, _reqs([TURNS[0]], "warm"))
     busy = _reqs([_tokens(7, seed=8)], "busy", n=20)
-    got = _run(cached, busy, _reqs(TURNS, "s", sp=sp))
-    want = _run(plain, busy, _reqs(TURNS, "s", sp=sp))
+    got = run_steps(cached, busy, _reqs(TURNS, "s", sp=sp))
+    want = run_steps(plain, busy, _reqs(TURNS, "s", sp=sp))
     assert cached.stats.prefix_hits == len(TURNS)
     assert got == want
 
@@ -314,7 +298,7 @@ def test_a_gguf_served_target_gives_the_same_tokens_cached_in_bf16(arch, tmp_pat
     prompts = [system + [t % vocab for t in _tokens(n, seed=n)] for n in (1, 5, 9)]
     dec.generate_batch(_reqs([prompts[0]], "warm"))
     busy = _reqs([[5, 9, 11]], "busy", n=24)
-    got = _run(dec, busy, _reqs(prompts, "t"))
+    got = run_steps(dec, busy, _reqs(prompts, "t"))
     assert dec.stats.prefix_hits == len(prompts)
     want = target_only(target, [*busy, *_reqs(prompts, "t")])
     assert [got[r.request_id] for r in [*busy, *_reqs(prompts, "t")]] == want

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from slimspec.decoding.settings import count_setting
+
 DEFAULT_DRAFT_CONTEXT = 64
 ENV = "SLIMSPEC_DRAFT_CONTEXT"
 
@@ -28,19 +30,10 @@ def resolve_draft_context(value: int | None, env: Mapping[str, str] | None = Non
     """The draft's prompt window in tokens (0: the whole prompt). None reads
     SLIMSPEC_DRAFT_CONTEXT from env (default: the process's; DEFAULT_DRAFT_CONTEXT where
     unset)."""
-    if value is None:
-        env = os.environ if env is None else env
-        raw = env.get(ENV, str(DEFAULT_DRAFT_CONTEXT))
-        try:
-            parsed = int(raw)
-        except ValueError:
-            parsed = -1
-        if parsed < 0:
-            raise ValueError(f"{ENV} must be an int >= 0 (0: the whole prompt), got {raw!r}")
-        return parsed
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"draft_context must be an int >= 0 (0: the whole prompt), got {value!r}")
-    return value
+    env = os.environ if env is None else env
+    return count_setting(
+        value, env, "draft_context", ENV, DEFAULT_DRAFT_CONTEXT, "the whole prompt"
+    )
 
 
 def window_start(prompt_len: int, draft_context: int) -> int:

@@ -32,6 +32,7 @@ from slimspec.decoding.adaptive import (
     step_rate,
     step_tokens,
 )
+from slimspec.decoding.settings import count_setting
 
 MAX_NGRAM = 8  # longest suffix matched; matches this long mostly repeat for many tokens
 DEFAULT_LOOKUP_TOKENS = 12  # most tokens a lookup proposes (the cost model picks fewer)
@@ -47,21 +48,8 @@ def resolve_lookup_tokens(lookup_tokens: int | None, env: Mapping[str, str] | No
     """The most tokens a lookup draft proposes; 0 turns lookup drafts off. None reads
     SLIMSPEC_LOOKUP_TOKENS from env (default: the process's; DEFAULT_LOOKUP_TOKENS where
     unset)."""
-    if lookup_tokens is None:
-        env = os.environ if env is None else env
-        raw = env.get(ENV, str(DEFAULT_LOOKUP_TOKENS))
-        try:
-            lookup_tokens = int(raw)
-        except ValueError:
-            raise ValueError(
-                f"SLIMSPEC_LOOKUP_TOKENS must be an int >= 0 (0: off), got {raw!r}"
-            ) from None
-    if not isinstance(lookup_tokens, int) or isinstance(lookup_tokens, bool) or lookup_tokens < 0:
-        raise ValueError(
-            "lookup_tokens must be an int >= 0 or None (SLIMSPEC_LOOKUP_TOKENS, "
-            f"default {DEFAULT_LOOKUP_TOKENS}; 0: off), got {lookup_tokens!r}"
-        )
-    return lookup_tokens
+    env = os.environ if env is None else env
+    return count_setting(lookup_tokens, env, "lookup_tokens", ENV, DEFAULT_LOOKUP_TOKENS, "off")
 
 
 @dataclass

@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slimspec.decoding.quality import check_strategy, check_threshold
 from slimspec.draft_head.head import check_ratio
+
+
+def count_setting(
+    value: int | None, env: Mapping[str, str], name: str, env_name: str, default: int, zero: str
+) -> int:
+    """A setting that counts tokens (an int >= 0; 0 means `zero`): value, else
+    env[env_name], else default; ValueError naming the argument or the variable."""
+    if value is None:
+        raw = env.get(env_name, str(default))
+        try:
+            parsed = int(raw)
+        except ValueError:
+            parsed = -1
+        if parsed < 0:
+            raise ValueError(f"{env_name} must be an int >= 0 (0: {zero}), got {raw!r}")
+        return parsed
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(
+            f"{name} must be an int >= 0 or None ({env_name}, default {default}; 0: {zero}), "
+            f"got {value!r}"
+        )
+    return value
 
 
 def check_num_draft_tokens(k: int | None) -> int | None:
