@@ -2,7 +2,7 @@
 measured acceptance and step costs, against llama.cpp on the same GGUF files.
 
     .venv/bin/python bench/decode_ceiling.py [--quick] [--prompts 3] [--tokens 64]
-                                             [--max-k 5] [--threads 2]
+                                             [--max-k 5] [--threads 2] [--draft-context N]
 
 Decode speed is tokens per step over seconds per step. With the draft model drafting k
 tokens, a step yields E(k) = 1 + a_1 + ... + a_k tokens on average (a_i: the share of
@@ -10,7 +10,9 @@ steps whose first i draft tokens were all accepted, measured) and costs k draft
 forwards plus one verification of k + 1 rows (measured). However cheap the draft got,
 a step would still cost its verification, so E(k) / verify(k + 1) bounds what any
 draft kernel could reach at this acceptance (`free_draft_ceiling_tok_s`); nothing but a
-draft the target agrees with more often lifts it.
+draft the target agrees with more often lifts it. The draft's prompt window
+(`--draft-context`, default the engine's) is part of that: a draft that sees only the
+last tokens of a code prompt misses the names defined above them.
 
 One run, single stream, greedy, lookup drafts off (they are model-free and their gain
 depends on the text repeating itself), the target in its GGUF form (the default), the
@@ -101,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=3, help="prompts per domain")
     p.add_argument("--max-k", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--draft-context",
+        type=int,
+        default=None,
+        help="the draft's prompt window (0: whole prompts; default: the engine's)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "decode_ceiling.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -116,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
     model, tok = load_causal_lm(target_dir, dtype="bfloat16")
     form = target_form.apply(model, "gguf", target_dir).describe()
-    dec = SpeculativeDecoder.from_models(model, load_causal_lm(draft_dir, dtype="bfloat16")[0], tok)
+    draft = load_causal_lm(draft_dir, dtype="bfloat16")[0]
+    dec = SpeculativeDecoder.from_models(model, draft, tok, draft_context=args.draft_context)
     lookup = dec.lookup_tokens  # the engine's default, for its default configuration
     domains = {
         "code": decode_bench.code_prompts(tok, args.prompts, args.prompt_tokens),
@@ -230,7 +239,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_title(f"{domain}: acceptance " + " ".join(
             f"{a:.2f}" for a in d["acceptance_by_position"]))  # fmt: skip
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
-    fig.suptitle(result["machine"]["cpu"], fontsize=8)
+    window = result["settings"]["draft_context"] or "whole prompts"
+    fig.suptitle(f"{result['machine']['cpu']}; the draft's prompt window: {window}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
