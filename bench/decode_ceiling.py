@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 from typing import Any
 
 import decode as decode_bench  # bench/decode.py: prompts and timing loops
 import peers  # bench/peers.py: llama-server driven the same way
-import serving as serving_bench
 import torch
 from slimspec import SpeculativeDecoder
-from slimspec.cpu import gguf_kernels, target_form
+from slimspec.cpu import target_form
 from slimspec.weights.loading import load_causal_lm
-from slimspec.weights.registry import DEFAULT_PAIR
 
 RESULTS = peers.RESULTS
 AIM_DECODE = 2.5  # issue 24's decode aim: x llama.cpp's best configuration
@@ -97,12 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="a few tokens, to check the script")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--prompt-tokens", type=int, default=250)
-    p.add_argument("--prompts", type=int, default=3, help="prompts per domain")
+    peers.common_args(p, prompts=3)
     p.add_argument("--max-k", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument(
         "--draft-context",
         type=int,
@@ -114,13 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.tokens, args.prompts, args.max_k = 8, 1, 2
     torch.set_num_threads(args.threads)
-    from slimspec.weights.fetch import fetch_pair
-
-    target_dir, draft_dir = fetch_pair(DEFAULT_PAIR.name)
-    target_gguf, draft_gguf = target_form.find_gguf(target_dir), target_form.find_gguf(draft_dir)
-    assert target_gguf is not None and draft_gguf is not None, "the fetch keeps the GGUFs"
-    binary = peers.llamacpp_bin()
-    print(f"llama.cpp: {binary}; CPU: {serving_bench.cpu_name()}", flush=True)
+    target_dir, draft_dir, target_gguf, draft_gguf, binary = peers.pair_files()
 
     model, tok = load_causal_lm(target_dir, dtype="bfloat16")
     form = target_form.apply(model, "gguf", target_dir).describe()
@@ -151,12 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     dec.set_prefix_cache_on(False)  # every run prefills its prompt, as llama-server's
 
     result: dict[str, Any] = {
-        "machine": {
-            "cpu": serving_bench.cpu_name(),
-            "threads": args.threads,
-            "python": platform.python_version(),
-            "gguf_kernel_path": gguf_kernels.path(),
-        },
+        "machine": peers.machine(args.threads),
         "settings": {
             "tokens": n,
             "prompt_tokens": args.prompt_tokens,

@@ -67,6 +67,37 @@ def llamacpp_bin() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def common_args(p: argparse.ArgumentParser, prompts: int) -> None:
+    """The options every same-files bench against llama.cpp takes."""
+    p.add_argument("--quick", action="store_true", help="a few tokens, to check the script")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=250)
+    p.add_argument("--prompts", type=int, default=prompts, help="prompts per domain")
+    p.add_argument("--threads", type=int, default=2)
+
+
+def pair_files() -> tuple[Path, Path, Path, Path, Path]:
+    """The default pair's directories and GGUF files (fetched if missing), and the
+    folder of llama.cpp's binaries (built once)."""
+    from slimspec.weights.fetch import fetch_pair
+
+    target_dir, draft_dir = fetch_pair(DEFAULT_PAIR.name)
+    target_gguf, draft_gguf = target_form.find_gguf(target_dir), target_form.find_gguf(draft_dir)
+    assert target_gguf is not None and draft_gguf is not None, "the fetch keeps the GGUFs"
+    binary = llamacpp_bin()
+    print(f"llama.cpp: {binary}; CPU: {serving_bench.cpu_name()}", flush=True)
+    return target_dir, draft_dir, target_gguf, draft_gguf, binary
+
+
+def machine(threads: int) -> dict[str, Any]:
+    return {
+        "cpu": serving_bench.cpu_name(),
+        "threads": threads,
+        "python": platform.python_version(),
+        "gguf_kernel_path": gguf_kernels.path(),
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -186,26 +217,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="a few tokens, to check the script")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--prompt-tokens", type=int, default=250)
-    p.add_argument("--prompts", type=int, default=2, help="prompts per domain")
+    common_args(p, prompts=2)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--requests-per-client", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS / "peers.json")
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.prompts, args.requests_per_client = 8, 1, 1
         args.clients = min(args.clients, 2)
     torch.set_num_threads(args.threads)
-    from slimspec.weights.fetch import fetch_pair
-
-    target_dir, draft_dir = fetch_pair(DEFAULT_PAIR.name)
-    target_gguf, draft_gguf = target_form.find_gguf(target_dir), target_form.find_gguf(draft_dir)
-    assert target_gguf is not None and draft_gguf is not None, "the fetch keeps the GGUFs"
-    binary = llamacpp_bin()
-    print(f"llama.cpp: {binary}; CPU: {serving_bench.cpu_name()}", flush=True)
+    target_dir, draft_dir, target_gguf, draft_gguf, binary = pair_files()
 
     tok = load_causal_lm(target_dir, dtype="bfloat16")[1]
     domains = {"code": decode_bench.code_prompts(tok, args.prompts, args.prompt_tokens)}
@@ -315,12 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         ("llamacpp_target_only", "llamacpp_speculative"), key=lambda k: code[k]["e2e_tok_s"]
     )
     result: dict[str, Any] = {
-        "machine": {
-            "cpu": serving_bench.cpu_name(),
-            "threads": args.threads,
-            "python": platform.python_version(),
-            "gguf_kernel_path": gguf_kernels.path(),
-        },
+        "machine": machine(args.threads),
         "llamacpp": {
             "llama_cpp_python": os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.16"),
             "bin": str(binary),
