@@ -86,7 +86,9 @@ def test_resident_panels_give_the_file_layouts_bits(ggml_type, scalar):
     """Q4_K and Q6_K repacked into resident 8-row panels (Q4_K_X8, Q6_K_X8) multiply to
     the bits of the file's layout (row path, its panels from 16 rows, tiles where built)
     at every row count, SIMD and portable, and a row's output does not depend on its
-    batch mates."""
+    batch mates. 48 rows give each of two threads a pair of panels (the AVX512 build's
+    512-bit path from 5 activation rows, every count of its last token group) and a
+    panel alone."""
     form = gk.PANEL_FORMS[ggml_type]
     blocks = torch.from_numpy(random_blocks(ggml_type, 48, 1024, seed=11))
     panels = gk.pack_panels(ggml_type, blocks, 1024)
@@ -94,7 +96,7 @@ def test_resident_panels_give_the_file_layouts_bits(ggml_type, scalar):
     x = torch.randn(70, 1024, generator=torch.Generator().manual_seed(2)) * 3
     full = gk.matmul(form, panels, 1024, x, scalar=scalar)
     assert torch.equal(full, gk.matmul(ggml_type, blocks, 1024, x))
-    for m in (1, 2, 3, 5, 8, 9, 16, 17):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17):
         got = gk.matmul(form, panels, 1024, x[:m], scalar=scalar)
         assert torch.equal(got, gk.matmul(ggml_type, blocks, 1024, x[:m])), m
         assert torch.equal(got, full[:m]), m
@@ -117,13 +119,14 @@ def test_panels_are_kept_by_the_avx2_family_builds_unless_switched_off(monkeypat
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ggml_type", PANEL_TYPES)
 def test_a_layer_in_panels_computes_what_it_computes_from_the_files_layout(ggml_type, dtype):
-    blocks = torch.from_numpy(random_blocks(ggml_type, 24, 512, seed=12))
-    bias = torch.randn(24)
+    n = 40  # a pair of panels for each of two threads (the 512-bit path) and one alone
+    blocks = torch.from_numpy(random_blocks(ggml_type, n, 512, seed=12))
+    bias = torch.randn(n)
     kept = gk.GGUFLinear(ggml_type, blocks, 512, bias, dtype, panels=True)
     plain = gk.GGUFLinear(ggml_type, blocks, 512, bias, dtype, panels=False)
     assert kept.ggml_type == gk.PANEL_FORMS[ggml_type] and plain.ggml_type == ggml_type
     # Q4_K: 32 bytes more per 8 x 256 values; Q6_K: the file's size
-    assert kept.nbytes() - plain.nbytes() == (24 * 2 * 4 if ggml_type == gk.Q4_K else 0)
+    assert kept.nbytes() - plain.nbytes() == (n * 2 * 4 if ggml_type == gk.Q4_K else 0)
     odd = gk.GGUFLinear(ggml_type, blocks[:17], 512, None, dtype, panels=True)
     assert odd.ggml_type == ggml_type  # rows not in eights keep the file's layout
     for m in (1, 4, 19):

@@ -86,8 +86,9 @@ _loaded: dict[str, Any] = {}
 
 def cflags(cpuinfo: str | None = None) -> tuple[str, ...]:
     """The flags this CPU's build uses: AVX2/FMA/F16C (every x86-64 CPU of the last
-    decade) with 256-bit VNNI where the CPU has it (AVX512-VNNI: Intel since Cascade
-    Lake, AMD Zen 4; AVX-VNNI: Intel client CPUs since Alder Lake), else portable C."""
+    decade) with VNNI where the CPU has it (AVX512-VNNI: Intel since Cascade Lake, AMD
+    Zen 4, its resident panels' pairs in 512-bit registers; AVX-VNNI: Intel client CPUs
+    since Alder Lake), else portable C."""
     flags = clib.cpu_flags(cpuinfo)
     return next(b[1] for b in BUILDS if all(f in flags for f in b[2]))
 
