@@ -364,24 +364,34 @@ def set_batch(app: Any, size: int) -> None:
     service.current.scheduler.config = service.sched_config
 
 
-def cpu_model() -> str:
+def cpuinfo_field(name: str) -> str | None:
+    """The first /proc/cpuinfo line's value for `name` ("model name", "cpu family"...)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
     except OSError:
         pass
-    return platform.processor()
+    return None
+
+
+def cpu_model() -> str:
+    return cpuinfo_field("model name") or platform.processor()
 
 
 def cpu_name() -> str:
-    """The CPU's model name with the flags that pick the engine's kernels (the model
-    name alone reads the same on Intel machines with and without AMX)."""
+    """The CPU's model name with its family and model numbers (a VM's "AMD EPYC" says
+    neither Zen 4 nor Zen 5: family 25 or 26) and the flags that pick the engine's
+    kernels (the model name alone reads the same on Intel machines with and without
+    AMX)."""
     from slimspec.cpu import clib
 
     flags = clib.cpu_flags()
     extras = [f for f in ("avx512_vnni", "amx_int8", "avx2") if f in flags]
-    return f"{cpu_model()} ({', '.join(extras) or 'no AVX2'})"
+    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model")
+    numbers = f"family {family} model {model}; " if family and model else ""
+    return f"{cpu_model()} ({numbers}{', '.join(extras) or 'no AVX2'})"
 
 
 def plot(results: list[RunResult], ratio_effect: dict[str, Any], out: Path) -> None:
