@@ -639,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_new_tokens": args.max_new_tokens,
             "batch_on": args.batch_on,
             "cpus": os.cpu_count(),
-            "cpu_model": cpu_model(),
+            "cpu_model": cpu_name(),
             "machine": platform.machine(),
             "note": "shared 2-core machine; other jobs may have run concurrently",
             "load_average_before": load_before,
