@@ -1266,7 +1266,8 @@ ALWAYS_INLINE void q6k_x8_rows(const q6k_x8 *p, int64_t nb, const int T, const i
 // there (min of 8 alternated with the 8-row path, same logits): 250 rows 1208 -> 724 ms,
 // 16 rows 78 -> 58, 8 rows 43 -> 38.5, 5 rows 30 -> 28; at 1-3 rows it was slower (22 ->
 // 29 ms at 1: the pair reads two runs of weights side by side, and there the stream
-// from memory is what limits), hence WIDE_MIN_M. AMX builds keep no panels (tiles).
+// from memory is what limits), hence WIDE_MIN_M. Where AMX tiles run there are no
+// panels (the tiles read the file's layout); not measured on Intel CPUs without AMX.
 #define WIDE_PANELS 1
 enum { X16_TOKENS = 6 };
 #ifndef WIDE_MIN_M
