@@ -2493,6 +2493,44 @@ ALWAYS_INLINE void group_scores_pair(const float *const *qr, const float *const 
     group_values(o_, GN, 1, p_, s_, al_, v_, vh_, vsl_, bf_, L_, i_)
 #endif
 
+// The largest of s[0..n): what `if (s[j] > m) m = s[j]` from -inf gives (a NaN is
+// passed over: vmaxps returns its second operand then), 16 lanes at a time on AVX512.
+static inline float scores_max(const float *s, int64_t n) {
+    float m = -INFINITY;
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (; j + 16 <= n; j += 16) mv = _mm512_max_ps(_mm512_loadu_ps(s + j), mv);
+    m = _mm512_reduce_max_ps(mv);
+#endif
+    for (; j < n; j++)
+        if (s[j] > m) m = s[j];
+    return m;
+}
+
+// For each of GN heads (compile-time 1..8): which of keys 0..n-1 it sees (a score above
+// -inf in a head that sees any) and the sum of their probabilities, added in key order;
+// the GN sums side by side in registers (held in memory, each add waited on the last
+// one's store: ~20% of a 1,000-row prefill's attention on the Zen 5).
+static inline __attribute__((always_inline)) void live_sums(float *const *sc, float *const *pb,
+                                                            const float *mx, uint8_t *const *lvw,
+                                                            int64_t n, float *sum, const int GN) {
+    float s[8];
+    int any[8];
+    for (int g = 0; g < GN; g++) {
+        s[g] = 0.0f;
+        any[g] = mx[g] != -INFINITY;
+    }
+    for (int64_t j = 0; j < n; j++)
+        for (int g = 0; g < GN; g++) {
+            const int on = any[g] && sc[g][j] != -INFINITY;
+            lvw[g][j] = (uint8_t)on;
+            if (on) s[g] += pb[g][j];
+        }
+    for (int g = 0; g < GN; g++) sum[g] = s[g];
+}
+#define LIVE(sc_, pb_, mx_, lv_, n_, sum_, GN) live_sums(sc_, pb_, mx_, lv_, n_, sum_, GN)
+
 // q, k, v float32 or bfloat16 (in_bf16; bfloat16 values are read exactly as float32, so
 // the result is the float32 computation's) with the last dimension contiguous and the
 // other strides given in elements: q (b, t, h), k and v (b, h, l); out (B, T, Hq, d)
@@ -2537,6 +2575,8 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                     const int64_t kh = b * ksb + kvh * ksh, vh = b * vsb + kvh * vsh;
                     const uint8_t *ok = allowed ? allowed + b * asb + t * ast : NULL;
                     const int64_t last = L - T + t;  // causal: keys 0..last
+                    // the keys a loop below visits: past `last` a causal row sees none
+                    const int64_t Lk = ok ? L : last + 1;
                     for (int64_t g = 0; g < G; g++) {
                         const int64_t h = kvh * G + g;
                         float *own = s + g * (2 * ls + 2 * d);
@@ -2561,7 +2601,7 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
 #else
                     (void)qdup;
 #endif
-                    for (int64_t j = 0; j < L; j++) {
+                    for (int64_t j = 0; j < Lk; j++) {
                         const int seen = ok ? ok[j] != 0 : j <= last;
                         if (!seen) {
                             for (int64_t g = 0; g < G; g++) sc[g][j] = -INFINITY;
@@ -2569,7 +2609,7 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                         }
 #if defined(__AVX512F__)
                         // the next key seen too: both in one pass
-                        if (j + 1 < L && (ok ? ok[j + 1] != 0 : j + 1 <= last)) {
+                        if (j + 1 < Lk && (ok ? ok[j + 1] != 0 : j + 1 <= last)) {
                             for (int64_t g0 = 0; g0 < G; g0 += 8) {
                                 float part0[8], part1[8];
                                 const int gn = (int)(G - g0 < 8 ? G - g0 : 8);
@@ -2579,10 +2619,6 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                                     sc[g0 + g][j] = part0[g];
                                     sc[g0 + g][j + 1] = part1[g];
                                 }
-                            }
-                            for (int64_t g = 0; g < G; g++) {
-                                if (sc[g][j] > mx[g]) mx[g] = sc[g][j];
-                                if (sc[g][j + 1] > mx[g]) mx[g] = sc[g][j + 1];
                             }
                             j++;
                             continue;
@@ -2599,9 +2635,8 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                         const float *kr = row_f32(k, kh + j * ksl, in_bf16, d, kvbuf);
                         for (int64_t g = 0; g < G; g++) sc[g][j] = scale * dot_f32(qr[g], kr, d);
 #endif
-                        for (int64_t g = 0; g < G; g++)
-                            if (sc[g][j] > mx[g]) mx[g] = sc[g][j];
                     }
+                    for (int64_t g = 0; g < G; g++) mx[g] = scores_max(sc[g], Lk);
                     // probabilities in key order; a head that sees no key keeps zeros,
                     // as SDPA's -inf rows
                     // (e^x by Cephes' expf, 8 lanes at a time where the build has them:
@@ -2611,23 +2646,30 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                         int64_t j = 0;
 #if defined(__AVX2__)
                         const __m256 m8 = _mm256_set1_ps(mx[g]);
-                        for (; j + 8 <= L; j += 8)
+                        for (; j + 8 <= Lk; j += 8)
                             _mm256_storeu_ps(pb[g] + j,
                                              exp_cephes8(_mm256_sub_ps(_mm256_loadu_ps(sc[g] + j), m8)));
 #endif
-                        for (; j < L; j++) pb[g][j] = exp_cephes(sc[g][j] - mx[g]);
+                        for (; j < Lk; j++) pb[g][j] = exp_cephes(sc[g][j] - mx[g]);
                     }
-                    for (int64_t j = 0; j < L; j++) {
-                        int seen_by = 0;
-                        for (int64_t g = 0; g < G; g++) {
-                            const int on = mx[g] != -INFINITY && sc[g][j] != -INFINITY;
-                            lvw[g][j] = (uint8_t)on;
-                            if (!on) continue;
-                            sum[g] += pb[g][j];
-                            seen_by++;
-                        }
-                        all_live[j] = seen_by == 0 ? 0 : seen_by == G ? 2 : 1;
+                    for (int64_t g0 = 0; g0 < G; g0 += 8) {
+                        const int gn = (int)(G - g0 < 8 ? G - g0 : 8);
+#if defined(__AVX2__)
+                        BY_ROWS(LIVE, gn, sc + g0, pb + g0, mx + g0, lvw + g0, Lk, sum + g0)
+#else
+                        live_sums(sc + g0, pb + g0, mx + g0, lvw + g0, Lk, sum + g0, gn);
+#endif
                     }
+                    // all_live[j]: 0 when no head sees key j, 2 when all do, else 1 (bit 0:
+                    // some head does, bit 1: every head so far does)
+                    memset(all_live, 2, (size_t)Lk);
+                    for (int64_t g = 0; g < G; g++) {
+                        const uint8_t *restrict lv = lvw[g];  // not all_live: vectorised
+                        uint8_t *restrict al = all_live;
+                        for (int64_t j = 0; j < Lk; j++) al[j] = (uint8_t)((al[j] & (2 * lv[j] | 1)) | lv[j]);
+                    }
+                    for (int64_t j = 0; j < Lk; j++)
+                        if (all_live[j] == 3) all_live[j] = 2;
 #if defined(__AVX2__)
                     int64_t i = 0;
                     for (int64_t g0 = 0; g0 < G; g0 += 8) {
@@ -2638,23 +2680,23 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                             for (; e + 32 <= d; e += 32)
                                 BY_ROWS(VALUES32, gn, o + g0, (const float *const *)(pb + g0),
                                          (const uint8_t *const *)(lvw + g0),
-                                         all_live, v, vh, vsl, in_bf16, L, e)
+                                         all_live, v, vh, vsl, in_bf16, Lk, e)
 #endif
                         if (gn <= 6)  // two vectors per head still fit the registers
                             for (; e + 16 <= d; e += 16)
                                 BY_ROWS(VALUES2, gn, o + g0, (const float *const *)(pb + g0),
                                          (const uint8_t *const *)(lvw + g0),
-                                         all_live, v, vh, vsl, in_bf16, L, e)
+                                         all_live, v, vh, vsl, in_bf16, Lk, e)
                         for (; e + 8 <= d; e += 8)
                             BY_ROWS(VALUES1, gn, o + g0, (const float *const *)(pb + g0),
                                      (const uint8_t *const *)(lvw + g0),
-                                     all_live, v, vh, vsl, in_bf16, L, e)
+                                     all_live, v, vh, vsl, in_bf16, Lk, e)
                         i = e;
                     }
                     for (int64_t g = 0; g < G; g++)
                         for (int64_t e = i; e < d; e++) o[g][e] = 0.0f;
                     if (i < d)  // the elements past the last multiple of 8, as axpy_f32's tail
-                        for (int64_t j = 0; j < L; j++) {
+                        for (int64_t j = 0; j < Lk; j++) {
                             if (!all_live[j]) continue;
                             const float *vr = row_f32(v, vh + j * vsl, in_bf16, d, kvbuf);
                             for (int64_t g = 0; g < G; g++)
@@ -2664,7 +2706,7 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
 #else
                     for (int64_t g = 0; g < G; g++)
                         for (int64_t e = 0; e < d; e++) o[g][e] = 0.0f;
-                    for (int64_t j = 0; j < L; j++) {
+                    for (int64_t j = 0; j < Lk; j++) {
                         if (!all_live[j]) continue;
                         const float *vr = row_f32(v, vh + j * vsl, in_bf16, d, kvbuf);
                         for (int64_t g = 0; g < G; g++)
