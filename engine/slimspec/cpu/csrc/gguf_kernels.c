@@ -2556,7 +2556,7 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for collapse(3) schedule(static)
+#pragma omp for collapse(3) schedule(static, 1)
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < T; t++)
                 for (int64_t kvh = 0; kvh < Hkv; kvh++) {
