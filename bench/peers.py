@@ -422,7 +422,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         x = range(len(names))
         ax.bar([i - 0.2 for i in x], [rows[n]["decode_tok_s"] for n in names], 0.4, label="decode")
         ax.bar([i + 0.2 for i in x], [rows[n]["e2e_tok_s"] for n in names], 0.4, label="end to end")
-        ax.set_xticks(list(x), [n.replace("_", "\n", 1) for n in names], fontsize=7)
+        labels = [n.replace("_", " ") for n in names]
+        ax.set_xticks(list(x), labels, fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("tokens/s")
         ax.set_title(f"single stream, {domain}")
         ax.legend(fontsize=7)
