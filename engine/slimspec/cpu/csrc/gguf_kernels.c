@@ -1298,7 +1298,7 @@ enum { X16_TOKENS = 6 };
 // vpbroadcastd for _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(...)) (it folds the
 // broadcast for vpaddd, not for the VNNI instructions), and on the Zen 5 those took ~10%
 // of the Q4_K pair kernel's time: the real target's Q4_K linears at 250 rows, 10 rounds
-// alternated, 1.10-1.12x with the folded form, same bits.
+// alternated, 1.05-1.12x with the folded form over two runs, same bits.
 typedef int32_t __attribute__((may_alias)) i32_alias;
 #define DPBUSD_BCAST(acc, w, p) \
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const i32_alias *)(p)))
@@ -2585,8 +2585,6 @@ int attention_rows(const void *q, const void *k, const void *v, int in_bf16, int
                         qr[g] = row_f32(q, b * qsb + t * qst + h * qsh, in_bf16, d, own + 2 * ls);
                         o[g] = own + 2 * ls + d;
                         lvw[g] = all_live + (g + 1) * ls;
-                        mx[g] = -INFINITY;
-                        sum[g] = 0.0f;
                     }
 #if defined(__AVX512F__)
                     const float *qd[G];
