@@ -240,3 +240,32 @@ def test_native_layers_only_with_native_projections(tiny_qwen2_pair, monkeypatch
     assert bf16._lib is None and isinstance(bf16.layers[0].qkv, projections.DenseLinear)
     monkeypatch.setattr(native_kernels, "load", lambda: None)
     assert FusedDraft(draft, "int4-fused").get_decoder()._lib is None
+
+
+@pytest.mark.parametrize("length", [1, 9, 40])
+@pytest.mark.parametrize("glue", ["native", "torch"])
+def test_a_draft_prefill_that_fills_only_the_caches_leaves_what_a_forward_leaves(
+    tiny_qwen2_pair, length, glue
+):
+    """fill_caches (the engine's prefills): the fused draft's last layer stops after its
+    keys and values, and the cache holds what a full forward leaves, bit for bit, on
+    the native layers and on the torch glue (40 tokens: the SDPA prefill path)."""
+    from slimspec.decoding.kv import BatchKV, fill_caches, forward
+
+    _, draft = tiny_qwen2_pair
+    base = FusedDraft(draft, "int8-fused").get_decoder()
+    if glue == "torch":
+        base._lib = None
+    elif base._lib is None:
+        pytest.skip("no native kernels here")
+    ids = torch.tensor([prompts(1, TINY_VOCAB, seed=47, lengths=(length,))[0]])
+    pos = torch.arange(length).unsqueeze(0)
+    real = torch.ones_like(ids, dtype=torch.bool)
+    full, filled = BatchKV("cpu"), BatchKV("cpu")
+    with torch.inference_mode():
+        forward(base, full, ids, pos, real)
+        fill_caches(base, filled, ids, pos, real)
+    assert full.cache is not None and filled.cache is not None
+    assert len(full.cache.layers) == len(filled.cache.layers) == len(base.layers)
+    for a, b in zip(full.cache.layers, filled.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

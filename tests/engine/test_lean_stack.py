@@ -3,7 +3,8 @@ blocks, on the tiny GGUF models (tests/support/tiny_gguf.py).
 
 What users rely on: it changes where the time goes, not a single value. The engine's
 calls (a batch with holes, explicit positions and a tree of drafts; a plain cache; no
-cache) give the per-layer path's hidden states bit for bit, and calls the loop does not
+cache) give the per-layer path's hidden states bit for bit, a prefill that fills only
+the caches leaves them as a full forward does, and calls the loop does not
 cover (hidden states asked for, hooks on a layer, the layers made plain again) run the
 model's own forward and get what it gives."""
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from slimspec.cpu import gguf_kernels, lean_layers, lean_stack, target_form
-from slimspec.decoding.kv import BatchKV, forward
+from slimspec.decoding.kv import BatchKV, fill_caches, forward
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from tests.support.tiny_gguf import write_tiny_gguf_model
@@ -149,3 +150,52 @@ def test_what_the_loop_does_not_cover_runs_the_models_forward(served, layer_call
     finally:
         lean_stack.use_for(served)
     assert len(calls) == n_layers  # the counting works: the loop above did not call them
+
+
+def cache_tensors(kv: BatchKV) -> list[torch.Tensor]:
+    assert kv.cache is not None
+    return [t for layer in kv.cache.layers for t in (layer.keys, layer.values)]
+
+
+def test_a_prefill_that_fills_only_the_caches_leaves_what_a_forward_leaves(served, monkeypatch):
+    """fill_caches (the engine's prefills): the last layer stops after its keys and
+    values (one layer_post fewer), and the caches, the next verification's hidden
+    states included, are bit for bit those of a full forward."""
+    posts: list[int] = []
+    layer_post = gguf_kernels.layer_post
+
+    def counted(*a, **kw):
+        posts.append(1)
+        return layer_post(*a, **kw)
+
+    monkeypatch.setattr(gguf_kernels, "layer_post", counted)
+    base, n_layers = served.model, len(served.model.layers)
+    ids = torch.tensor([[0, 5, 9, 11, 13], [7, 8, 3, 4, 6]])
+    real = torch.tensor([[False, True, True, True, True], [True] * 5])
+    pos = torch.tensor([[0, 0, 1, 2, 3], [0, 1, 2, 3, 4]])
+    step = torch.tensor([[14, 15], [9, 10]]), pos[:, -1:] + torch.arange(1, 3)
+    full, filled = BatchKV("cpu"), BatchKV("cpu")
+    with torch.inference_mode():
+        forward(base, full, ids, pos, real)
+        prefilled = [t.clone() for t in cache_tensors(full)]
+        assert len(posts) == n_layers
+        fill_caches(base, filled, ids, pos, real)
+        assert len(posts) == 2 * n_layers - 1
+        assert torch.equal(full.valid, filled.valid)
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(cache_tensors(full), cache_tensors(filled), strict=True)
+        )
+        after = [
+            forward(base, kv, *step, torch.ones(2, 2, dtype=torch.bool)) for kv in (full, filled)
+        ]
+    assert torch.equal(after[0], after[1])
+    # without the lean loop the stack's own forward fills them, whole
+    assert lean_stack.undo(served)
+    try:
+        plain = BatchKV("cpu")
+        with torch.inference_mode():
+            fill_caches(base, plain, ids, pos, real)
+    finally:
+        assert lean_stack.use_for(served)
+    assert all(torch.equal(a, b) for a, b in zip(prefilled, cache_tensors(plain), strict=True))

@@ -179,6 +179,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class FusedDraftBase:
     """The draft's base model as int8 fused projections (callable like the HF base model)."""
 
+    FILLS_CACHES_ONLY = True  # __call__ takes caches_only (decoding/kv.py fill_caches)
+
     def __init__(self, base: Any, dtype: torch.dtype, mlp_bits: int = 8) -> None:
         self.config = base.config
         self.dtype = dtype
@@ -223,14 +225,20 @@ class FusedDraftBase:
         position_ids: torch.Tensor,
         cache: Any,
         use_cache: bool = True,
+        caches_only: bool = False,
     ) -> SimpleNamespace:
+        """caches_only (a prefill, decoding/kv.py fill_caches): the last layer stops after
+        updating the cache and last_hidden_state is None."""
         h = self.embed(input_ids).to(self.dtype)
         b, q, _ = h.shape
         cos, sin = self.rotary(h, position_ids)
         # Boolean "may attend" mask: the additive float mask's min would overflow in bf16.
         mask = attention_mask == 0
+        last = len(self.layers) - 1 if caches_only else None
         if self._lib is not None:
-            h = self._native_layers(self._lib, h.contiguous(), cos, sin, mask, cache)
+            h = self._native_layers(self._lib, h.contiguous(), cos, sin, mask, cache, last)
+            if last is not None:
+                return SimpleNamespace(last_hidden_state=None)
             h = F.rms_norm(h, (h.shape[-1],), self.norm, self.eps)
             return SimpleNamespace(last_hidden_state=h)
         cos, sin = cos.to(self.dtype).unsqueeze(1), sin.to(self.dtype).unsqueeze(1)
@@ -243,6 +251,8 @@ class FusedDraftBase:
             qs, ks = qk[:, : lyr.n_q], qk[:, lyr.n_q :]
             vs = qkv[:, lyr.n_q + lyr.n_kv :]
             ks, vs = cache.update(ks.contiguous(), vs.contiguous(), i)
+            if i == last:
+                return SimpleNamespace(last_hidden_state=None)
             if q <= SMALL_QUERY:
                 a = grouped_attention(qs, ks, vs, mask, lyr.scaling)
             else:  # prefill: SDPA's blocked kernel wins on long queries
@@ -264,8 +274,10 @@ class FusedDraftBase:
         sin: torch.Tensor,
         mask: torch.Tensor,
         cache: Any,
+        last: int | None = None,
     ) -> torch.Tensor:
-        """The decoder layers through the native kernels, h (B, T, hidden) updated in place.
+        """The decoder layers through the native kernels, h (B, T, hidden) updated in place
+        (last: a layer index to stop at after its cache update, h then not final).
 
         Why: at one token per row the fused forward's ~35 small torch ops a layer (norms,
         RoPE, slicing, the attention's matmuls and softmax, SiLU, residual adds) cost
@@ -294,6 +306,8 @@ class FusedDraftBase:
             )
             native_kernels.check_rc(rc, "draft layer")
             ks, vs = cache.update(k_new, v_new, i)
+            if i == last:
+                break
             if q <= SMALL_QUERY:
                 (ks, k_rows), (vs, v_rows) = native_kernels.kv_rows(ks), native_kernels.kv_rows(vs)
                 rc = lib.draft_layer_post(

@@ -208,6 +208,29 @@ class LeanLayer:
         )
         return rows.view(b, t, width)
 
+    def glued_kv(
+        self,
+        rows: torch.Tensor,
+        b: int,
+        t: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: Any,
+        cache_kwargs: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's first native call and the cache's update: q (b, Hq, t, d) and the
+        keys and values the attention reads (the cache's, with these rows appended).
+        On its own it is a prefill's last layer, whose outputs nobody reads
+        (lean_stack.LeanStack.forward with caches_only)."""
+        attn = self.attn
+        q, k, v = gguf_kernels.layer_pre(
+            rows, self.norm_in.weight, self.norm_in.variance_epsilon, self.qkv, cos, sin
+        )
+        q, k, v = (y.view(b, t, -1, attn.head_dim).transpose(1, 2) for y in (q, k, v))
+        if cache is not None:
+            k, v = cache.update(k, v, attn.layer_idx, kwargs=cache_kwargs)
+        return q, k, v
+
     def glued_rows(
         self,
         rows: torch.Tensor,
@@ -227,14 +250,8 @@ class LeanLayer:
         scale) with q (b, Hq, t, d), k/v (b, Hkv, L, d) after the cache's update and the
         layer's attention scaling -> (b, t, Hq, d).
         Returns the layer's output rows (b*t, width)."""
-        attn = self.attn
-        q, k, v = gguf_kernels.layer_pre(
-            rows, self.norm_in.weight, self.norm_in.variance_epsilon, self.qkv, cos, sin
-        )
-        q, k, v = (y.view(b, t, -1, attn.head_dim).transpose(1, 2) for y in (q, k, v))
-        if cache is not None:
-            k, v = cache.update(k, v, attn.layer_idx, kwargs=cache_kwargs)
-        out = attend(q, k, v, attn.scaling).reshape(b * t, -1).contiguous()
+        q, k, v = self.glued_kv(rows, b, t, cos, sin, cache, cache_kwargs)
+        out = attend(q, k, v, self.attn.scaling).reshape(b * t, -1).contiguous()
         return gguf_kernels.layer_post(
             rows,
             out,

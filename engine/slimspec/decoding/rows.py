@@ -26,7 +26,7 @@ import torch
 from slimspec.decoding.adaptive import AcceptanceEstimate
 from slimspec.decoding.draft_context import window_start
 from slimspec.decoding.grouped_forward import Group, forward_groups
-from slimspec.decoding.kv import BatchKV, forward
+from slimspec.decoding.kv import BatchKV, fill_caches
 from slimspec.decoding.lookup import NgramIndex
 from slimspec.decoding.prefix_cache import PrefixCache
 from slimspec.decoding.sampling import BatchSampling
@@ -376,7 +376,7 @@ class RowBatch:
         ids = torch.tensor([job.req.prompt_ids[job.done : job.done + n]], device=self.device)
         pos = torch.arange(job.done, job.done + n, device=self.device).unsqueeze(0)
         real = torch.ones(1, n, dtype=torch.bool, device=self.device)
-        forward(self._target_base, job.kv_t, ids, pos, real)
+        fill_caches(self._target_base, job.kv_t, ids, pos, real)
         self._draft_prefill(job, job.done + n)
         job.done += n
         elapsed = time.perf_counter() - t0
@@ -391,7 +391,7 @@ class RowBatch:
         start = max(job.draft_done, window_start(len(prompt), self.draft_context))
         if end > start:
             ids, pos, real = right_aligned([list(prompt[start:end])], [start])
-            forward(
+            fill_caches(
                 self._draft_base,
                 job.kv_d,
                 ids.to(self.device),
@@ -415,7 +415,7 @@ class RowBatch:
         kv_d = BatchKV(self.device)
         starts = [window_start(len(p), self.draft_context) for p in prompts]
         window = right_aligned([p[s:-1] for p, s in zip(prompts, starts, strict=True)], starts)
-        forward(self._draft_base, kv_d, *(t.to(self.device) for t in window))
+        fill_caches(self._draft_base, kv_d, *(t.to(self.device) for t in window))
         if ride:
             whole = right_aligned(prompts, [0] * len(prompts))
             self._riding_base.append(0)
@@ -423,7 +423,7 @@ class RowBatch:
             stats.fused_prefills += len(reqs)
         else:
             kv_t = BatchKV(self.device)
-            forward(self._target_base, kv_t, ids, pos, real)
+            fill_caches(self._target_base, kv_t, ids, pos, real)
             for i, req in enumerate(reqs):
                 self._store_prefix(req, kv_t, i, kv_d, i)
             self.target_kv.append_rows(kv_t)
