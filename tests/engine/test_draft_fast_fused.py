@@ -269,3 +269,69 @@ def test_a_draft_prefill_that_fills_only_the_caches_leaves_what_a_forward_leaves
     assert len(full.cache.layers) == len(filled.cache.layers) == len(base.layers)
     for a, b in zip(full.cache.layers, filled.cache.layers, strict=True):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no AVX512-VNNI/AVX2 CPU or C compiler for the kernels")
+@pytest.mark.parametrize("mode", ["int8-fused", "int4-fused"])
+def test_a_draft_step_in_one_native_call_gives_the_two_call_paths_bits(
+    tiny_qwen2_pair, mode, monkeypatch
+):
+    """Few-token steps run every layer in one native call that writes the new keys and
+    values into the cache's room (draft_layers_step); what the decoder does to its draft
+    (two rows with a padding hole prefilled, steps of 1 and 3 tokens, a rejection rolled
+    back, rows compacted, rooms outgrown) gives the two-call path's hidden states and
+    caches bit for bit, and the room is used (no prefill or copy per step)."""
+    from slimspec.decoding import kv as kv_module
+    from slimspec.decoding.kv import BatchKV, forward
+
+    if mode == "int4-fused" and not fused_draft.int4pack_available():
+        pytest.skip("no int4 kernel")
+    _, draft = tiny_qwen2_pair
+    one, two = (FusedDraft(draft, mode).get_decoder() for _ in range(2))
+    assert one._step_layers is not None
+    two._step_layers = None  # the two-call loop
+    monkeypatch.setattr(kv_module, "GROW_MIN", 1)  # rooms made anew every few steps
+    grown: list[int] = []
+    real_grown = kv_module.GrowingLayer.grown
+    monkeypatch.setattr(
+        kv_module.GrowingLayer, "grown", lambda self, t: (grown.append(t), real_grown(self, t))
+    )
+
+    def run(base) -> tuple[list[torch.Tensor], BatchKV]:
+        kv, outs = BatchKV("cpu"), []
+        ids = torch.tensor([[0, 5, 9, 11, 13], [7, 8, 3, 4, 6]])
+        real = torch.tensor([[False, True, True, True, True], [True] * 5])
+        pos = torch.tensor([[0, 0, 1, 2, 3], [0, 1, 2, 3, 4]])
+        ones = torch.ones(2, 3, dtype=torch.bool)
+        with torch.inference_mode():
+            outs.append(forward(base, kv, ids, pos, real))
+            for j in range(3):
+                step = torch.tensor([[14 + j], [9 + j]])
+                outs.append(forward(base, kv, step, pos[:, -1:] + 1 + j, ones[:, :1]))
+            outs.append(
+                forward(
+                    base,
+                    kv,
+                    torch.tensor([[3, 4, 5], [6, 7, 8]]),
+                    pos[:, -1:] + torch.arange(4, 7),
+                    ones,
+                )
+            )
+            kv.invalidate_tail(kv.length - 3, torch.tensor([1, 3]))
+            outs.append(
+                forward(base, kv, torch.tensor([[2], [1]]), torch.tensor([[6], [10]]), ones[:, :1])
+            )
+            kv.compact()
+            outs.append(
+                forward(base, kv, torch.tensor([[4], [2]]), torch.tensor([[7], [11]]), ones[:, :1])
+            )
+        return outs, kv
+
+    (got, kv_one), n_grown = run(one), len(grown)
+    (want, kv_two) = run(two)
+    assert n_grown == 6 * len(one.layers) and len(grown) == n_grown  # the two-call run: none
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(kv_one.valid, kv_two.valid)
+    for a, b in zip(kv_one.cache.layers, kv_two.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

@@ -6,7 +6,9 @@
 - `attention`: small-query grouped attention (also the packed target's,
   target_attention.py); `rope_` exposes the RoPE the layer calls use, for its test;
 - `draft_layer_pre` / `draft_layer_post`: a whole draft layer in two calls around
-  the torch KV-cache update (fused_draft.FusedDraftBase._native_layers).
+  the torch KV-cache update (fused_draft.FusedDraftBase._native_layers);
+  `draft_layers_step`: a few-token step's layers in one call that writes the new keys
+  and values into the cache's spare room (decoding/kv.py GrowingLayer.reserve).
 
 Why: on a CPU without AMX, aten's low-bit kernels dequantise every weight before
 multiplying (compute-bound) or cost much per call, while quantising the few activation
@@ -171,6 +173,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         *(desc, p, f32, desc, desc),
     ]
     lib.draft_layer_post.restype = i32
+    lib.draft_layers_step.argtypes = [
+        *(p, i64, i64, i64, ctypes.POINTER(DraftLayer), p, p, i64, i64, i64, i64, p)
+    ]
+    lib.draft_layers_step.restype = i32
     return lib
 
 
@@ -191,6 +197,27 @@ class ProjDesc(ctypes.Structure):
         ("n", ctypes.c_int64),
         ("k", ctypes.c_int64),
         ("bits", ctypes.c_int64),
+    )
+
+
+class DraftLayer(ctypes.Structure):
+    """csrc/draft_kernels.c's draft_layer_t: one layer's weights for draft_layers_step,
+    and the step's cache room for its keys and values (set per step)."""
+
+    _fields_ = (
+        ("qkv", ProjDesc),
+        ("o", ProjDesc),
+        ("gate_up", ProjDesc),
+        ("down", ProjDesc),
+        ("in_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("in_eps", ctypes.c_float),
+        ("post_eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("k_room", ctypes.c_void_p),
+        ("v_room", ctypes.c_void_p),
+        ("k_room_rows", ctypes.c_int64),
+        ("v_room_rows", ctypes.c_int64),
     )
 
 

@@ -19,13 +19,13 @@ from transformers.cache_utils import DynamicLayer
 GROW_MIN = 64  # spare slots at least, when a layer's room is (re)made
 
 
-def _appended(
-    cur: torch.Tensor, room: torch.Tensor | None, new: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cur (B, H, L, d) with new (B, H, T, d) appended along L, written into room's spare
-    slots when cur is room's first L slots (a view), else into fresh room with spare
-    slots: (the (B, H, L + T, d) view, its room)."""
-    n, t = (cur.shape[-2] if cur.dim() == 4 else 0), new.shape[-2]
+def _room_for(
+    cur: torch.Tensor, room: torch.Tensor | None, like: torch.Tensor
+) -> tuple[torch.Tensor, int]:
+    """A room whose first L slots are cur (B, H, L, d) and that has spare slots for the
+    T of like (B, H, T, d): room itself when cur is its first L slots (a view) and they
+    fit, else fresh room (cur copied in, spare slots for growth); (room, L)."""
+    n, t = (cur.shape[-2] if cur.dim() == 4 else 0), like.shape[-2]
     fits = (
         room is not None
         and n > 0
@@ -33,15 +33,26 @@ def _appended(
         and cur.shape[:2] == room.shape[:2]
         and cur.shape[-1] == room.shape[-1]
         and cur.stride() == room.stride()
-        and cur.dtype == room.dtype == new.dtype
+        and cur.dtype == room.dtype == like.dtype
         and n + t <= room.shape[-2]
     )
     if not fits:
-        b, h, _, d = new.shape
-        room = new.new_empty(b, h, n + t + max(GROW_MIN, (n + t) // 2), d)
+        b, h, _, d = like.shape
+        room = like.new_empty(b, h, n + t + max(GROW_MIN, (n + t) // 2), d)
         if n:
             room[:, :, :n] = cur
     assert room is not None
+    return room, n
+
+
+def _appended(
+    cur: torch.Tensor, room: torch.Tensor | None, new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cur (B, H, L, d) with new (B, H, T, d) appended along L, written into room's spare
+    slots when cur is room's first L slots (a view), else into fresh room with spare
+    slots: (the (B, H, L + T, d) view, its room)."""
+    room, n = _room_for(cur, room, new)
+    t = new.shape[-2]
     room[:, :, n : n + t] = new
     return room[:, :, : n + t], room
 
@@ -57,6 +68,9 @@ class GrowingLayer(DynamicLayer):
 
     _key_room: torch.Tensor | None = None
     _value_room: torch.Tensor | None = None
+    # the keys/values views this layer last made: while keys and values are still
+    # those very objects, they are their rooms' first slots (reserve's quick check)
+    _views: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -66,10 +80,47 @@ class GrowingLayer(DynamicLayer):
         assert self.keys is not None and self.values is not None  # set by the initialisation
         self.keys, self._key_room = _appended(self.keys, self._key_room, key_states)
         self.values, self._value_room = _appended(self.values, self._value_room, value_states)
+        self._views = (self.keys, self.values)
         return self.keys, self.values
+
+    def reserve(self, t: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """For a caller that writes t new slots itself (fused_draft's one-call step):
+        (key room, value room, L) whose slots [0, L) hold the cached keys and values and
+        [L, L + t) are free; `grown(t)` then takes those slots in. None where the layer
+        holds no keys yet."""
+        keys, values = self.keys, self.values
+        if not self.is_initialized or keys is None or values is None or keys.dim() != 4:
+            return None
+        views, kr, vr = self._views, self._key_room, self._value_room
+        n = keys.shape[-2]
+        if (
+            views is None
+            or views[0] is not keys
+            or views[1] is not values
+            or kr is None
+            or vr is None
+            or n + t > kr.shape[-2]
+            or n + t > vr.shape[-2]
+        ):
+            shape = (*keys.shape[:2], t, keys.shape[-1])
+            kr, n = _room_for(keys, kr, keys.new_empty(shape))
+            vr, _ = _room_for(values, vr, values.new_empty(shape))
+            self.keys, self.values = kr[:, :, :n], vr[:, :, :n]
+            self._key_room, self._value_room = kr, vr
+            self._views = (self.keys, self.values)
+        return kr, vr, n
+
+    def grown(self, t: int) -> None:
+        """Take in the t slots written after `reserve(t)`."""
+        assert self.keys is not None and self._key_room is not None
+        assert self._value_room is not None
+        n = self.keys.shape[-2] + t
+        self.keys, self.values = self._key_room[:, :, :n], self._value_room[:, :, :n]
+        self._views = (self.keys, self.values)
 
     def reset(self) -> None:
         self._key_room = self._value_room = None
+        self._views = None
         super().reset()
 
 
