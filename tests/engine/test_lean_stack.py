@@ -199,3 +199,48 @@ def test_a_prefill_that_fills_only_the_caches_leaves_what_a_forward_leaves(serve
     finally:
         assert lean_stack.use_for(served)
     assert all(torch.equal(a, b) for a, b in zip(prefilled, cache_tensors(plain), strict=True))
+
+
+def test_a_few_row_step_runs_every_layer_in_one_call_with_the_loops_bits(served, monkeypatch):
+    """Steps of at most STEP_ROWS rows against a cache with room run all layers in one
+    native call (gguf_kernels.layers_step) that writes the keys and values into the
+    room: the engine's calls (holes, a rollback, a tree of drafts), a compaction and
+    rooms outgrown give the per-layer loop's hidden states and caches bit for bit."""
+    from slimspec.decoding import kv as kv_module
+
+    monkeypatch.setattr(kv_module, "GROW_MIN", 1)  # rooms made anew every few steps
+    steps: list[int] = []
+    real_step = gguf_kernels.layers_step
+
+    def counted(*a, **kw):
+        steps.append(1)
+        return real_step(*a, **kw)
+
+    monkeypatch.setattr(gguf_kernels, "layers_step", counted)
+
+    def run() -> tuple[list[torch.Tensor], BatchKV]:
+        out = engine_steps(served)
+        kv = BatchKV("cpu")
+        ids = torch.tensor([[0, 5, 9], [7, 8, 3]])
+        real = torch.tensor([[False, True, True], [True] * 3])
+        pos = torch.tensor([[0, 0, 1], [0, 1, 2]])
+        ones = torch.ones(2, 1, dtype=torch.bool)
+        with torch.inference_mode():
+            forward(served.model, kv, ids, pos, real)
+            for j in range(5):
+                step = torch.tensor([[11 + j], [4 + j]])
+                out.append(forward(served.model, kv, step, pos[:, -1:] + 1 + j, ones))
+            kv.invalidate_tail(kv.length - 2, torch.tensor([0, 2]))
+            kv.compact()
+            out.append(
+                forward(served.model, kv, torch.tensor([[1], [2]]), torch.tensor([[5], [8]]), ones)
+            )
+        return out + cache_tensors(kv), kv
+
+    one_call, _ = run()
+    used = len(steps)
+    monkeypatch.setattr(lean_stack, "STEP_ROWS", 0)
+    loop, _ = run()
+    assert used == 8 and len(steps) == used  # the second run: the per-layer loop only
+    assert len(one_call) == len(loop)
+    assert all(torch.equal(a, b) for a, b in zip(one_call, loop, strict=True))

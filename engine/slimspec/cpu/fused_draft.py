@@ -26,7 +26,6 @@ output stays exact.
 from __future__ import annotations
 
 import ctypes
-import weakref
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 from slimspec.cpu import native_kernels
 from slimspec.cpu.native_kernels import NativeLowBitLinear
 from slimspec.cpu.projections import Projection, low_bit_projection
-from slimspec.decoding.kv import GrowingLayer
+from slimspec.decoding.kv import NativeRooms, native_room
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 FUSED_BITS = {"int8-fused": 8, "int4-fused": 4, "bf16-fused": 16}  # mode -> MLP weight bits
@@ -197,9 +196,7 @@ class FusedDraftBase:
         self._native = self._native_projections()
         self._lib = native_kernels.load() if self._native is not None else None
         self._step_layers = self._one_call_layers()
-        # per layer, the (key, value) rooms whose pointers _step_layers holds
-        self._rooms_seen: list[tuple[weakref.ref[torch.Tensor], ...] | None]
-        self._rooms_seen = [None] * len(self.layers)
+        self._rooms = NativeRooms(len(self.layers))  # the rooms _step_layers points at
 
     def _native_projections(self) -> list[NativeProjections] | None:
         """Every layer's projections when all are native and every head fits the kernels
@@ -307,32 +304,22 @@ class FusedDraftBase:
         draft forward (24 layers) on the 2-core Zen 5. Same kernels, same order, same bits.
         """
         layers, b, q = self._step_layers, h.shape[0], h.shape[1]
-        caches = getattr(cache, "layers", None)
-        if (
-            layers is None
-            or q > SMALL_QUERY
-            or caches is None
-            or len(caches) < len(self.layers)
-            or getattr(cache, "offloading", False)
-            or not all(isinstance(c, GrowingLayer) for c in caches[: len(self.layers)])
-        ):
+        if layers is None or q > SMALL_QUERY:
             return False
         allowed = mask[:, 0].contiguous()  # (B, T, n + T)
         n = allowed.shape[-1] - q
-        seen = self._rooms_seen
-        for i, (c, dst) in enumerate(zip(caches[: len(layers)], layers, strict=True)):
-            room = c.reserve(q)
-            if room is None or room[2] != n:
+
+        def point(i: int, kr: torch.Tensor, vr: torch.Tensor) -> bool:
+            lyr = self.layers[0]
+            if not all(native_room(r, b, lyr.n_kv, lyr.head_dim) for r in (kr, vr)):
                 return False
-            kr, vr, _ = room
-            last = seen[i]
-            if last is not None and last[0]() is kr and last[1]() is vr:
-                continue  # the last step's rooms: checked, their pointers set
-            if not self._room_fits(kr, b) or not self._room_fits(vr, b):
-                return False
+            dst = layers[i]
             dst.k_room, dst.v_room = kr.data_ptr(), vr.data_ptr()
             dst.k_room_rows, dst.v_room_rows = kr.shape[2], vr.shape[2]
-            seen[i] = (weakref.ref(kr), weakref.ref(vr))  # weak: a finished cache goes
+            return True
+
+        if not self._rooms.reserve(cache, q, n, point):
+            return False
         lyr = self.layers[0]
         cos2 = cos.to(self.dtype).reshape(b * q, -1).contiguous()
         sin2 = sin.to(self.dtype).reshape(b * q, -1).contiguous()
@@ -341,20 +328,8 @@ class FusedDraftBase:
             *(lyr.n_q, lyr.n_kv, lyr.head_dim, n, allowed.data_ptr()),
         )
         native_kernels.check_rc(rc, "draft step")
-        for c in caches[: len(self.layers)]:
-            c.grown(q)
+        self._rooms.grown(cache, q)
         return True
-
-    def _room_fits(self, room: torch.Tensor, b: int) -> bool:
-        """A cache room draft_layers_step can write: (b, kv heads, rows, head_dim) bf16,
-        contiguous."""
-        lyr = self.layers[0]
-        return (
-            room.dtype == torch.bfloat16
-            and room.is_contiguous()
-            and room.shape[:2] == (b, lyr.n_kv)
-            and room.shape[-1] == lyr.head_dim
-        )
 
     def _native_layers(
         self,

@@ -106,6 +106,25 @@ class _Weight(ctypes.Structure):
     ]
 
 
+class StepLayer(ctypes.Structure):
+    """step_layer in the C file: one decoder layer of a layers_step call (its weights,
+    norms and attention scale; its cache room, set per step)."""
+
+    _fields_ = [
+        ("qkv", ctypes.POINTER(_Weight)),
+        ("post", ctypes.POINTER(_Weight)),
+        ("in_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("in_eps", ctypes.c_float),
+        ("post_eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("k_room", ctypes.c_void_p),
+        ("v_room", ctypes.c_void_p),
+        ("k_room_rows", ctypes.c_int64),
+        ("v_room_rows", ctypes.c_int64),
+    ]
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.quantize_rows_q8.argtypes = [p, i64, i64, i64, i32, p, p, p]
@@ -126,6 +145,13 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.layer_pre.restype = i32
     lib.layer_post.argtypes = [p, p, i64, i64, i64, weights, p, f32, p, p, p, p, p, p, i32]
     lib.layer_post.restype = i32
+    lib.layers_step_scratch.argtypes = [i64] * 6
+    lib.layers_step_scratch.restype = i64
+    lib.layers_step.argtypes = [
+        *(p, i64, i64, i64, i64, ctypes.POINTER(StepLayer), p, p, i64, i64, i64, i64),
+        *(p, i64, i64, p, p, i64),
+    ]
+    lib.layers_step.restype = i32
     lib.simd_path.argtypes = []
     lib.simd_path.restype = i32
     for pack in (getattr(lib, name) for name in PANEL_PACKERS.values()):
@@ -543,6 +569,71 @@ def layer_post(
     )  # fmt: skip
     if rc:
         raise ValueError(f"layer_post: weights that do not fit K={k}, {ka} or {inter}")
+    return out
+
+
+def step_layer(
+    qkv: LinearGroup,
+    o: GGUFLinear,
+    gate_up: LinearGroup,
+    down: GGUFLinear,
+    norms: tuple[torch.Tensor, torch.Tensor],
+    eps: tuple[float, float],
+    scale: float,
+) -> StepLayer:
+    """A glued layer as layers_step reads it (the weights of layer_pre and layer_post,
+    the input and post-attention norms' weights (bf16) and epsilons, the attention's
+    scale); its cache room is set per step. The struct keeps its weight arrays alive."""
+    post = (_Weight * 4)(o.native_weight, *gate_up.weights, down.native_weight)
+    layer = StepLayer()
+    layer.qkv = ctypes.cast(qkv.weights, ctypes.POINTER(_Weight))
+    layer.post = ctypes.cast(post, ctypes.POINTER(_Weight))
+    layer.in_norm, layer.post_norm = norms[0].data_ptr(), norms[1].data_ptr()
+    layer.in_eps, layer.post_eps, layer.scale = eps[0], eps[1], scale
+    return layer
+
+
+def layers_step(
+    h: torch.Tensor,
+    b: int,
+    t: int,
+    layers: Any,
+    widest_gate: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: tuple[int, int, int],
+    n: int,
+    allowed: torch.Tensor | None,
+) -> torch.Tensor:
+    """Rows h (b*t, K) bf16 through every layer of `layers` (a ctypes array of StepLayer
+    whose rooms hold n cached slots and room for t more) in one native call: each
+    layer's layer_pre, its new keys and values into its room, attention_rows over the
+    n + t slots (allowed (b, t, n + t) bool, None: causal), layer_post. heads: (Hq, Hkv,
+    head_dim). Returns the last layer's output rows (b*t, K) bf16, bit for bit the
+    per-layer calls' (lean_layers.LeanLayer.glued_rows)."""
+    lib = _loaded.get("lib") or _require()
+    m, k = h.shape
+    hq, hkv, d = heads
+    need = int(lib.layers_step_scratch(m, k, hq, hkv, d, widest_gate))
+    buf = getattr(_scratch, "step", None)
+    if buf is None or buf.numel() < need:
+        buf = torch.empty(need, dtype=torch.uint8)
+        _scratch.step = buf
+    mask, asb, ast = None, 0, 0
+    if allowed is not None:
+        mask = allowed.expand(b, t, n + t)
+        mask = mask.view(torch.uint8) if mask.dtype == torch.bool else (mask != 0).view(torch.uint8)
+        if mask.stride(-1) != 1:
+            mask = mask.contiguous()
+        asb, ast = mask.stride()[:2]
+    out = torch.empty(m, k, dtype=torch.bfloat16)
+    rc = lib.layers_step(
+        h.data_ptr(), b, t, k, len(layers), layers, cos.data_ptr(), sin.data_ptr(), hq, hkv, d,
+        n, None if mask is None else mask.data_ptr(), asb, ast, out.data_ptr(), buf.data_ptr(),
+        buf.numel(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"layers_step failed (code {rc}): K={k}, heads {heads}, n={n}, t={t}")
     return out
 
 

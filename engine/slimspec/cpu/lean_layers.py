@@ -208,6 +208,22 @@ class LeanLayer:
         )
         return rows.view(b, t, width)
 
+    def step_layer(self) -> gguf_kernels.StepLayer:
+        """This glued layer as gguf_kernels.layers_step reads it (made once)."""
+        made = vars(self).get("_step")
+        if made is None:
+            made = gguf_kernels.step_layer(
+                self.qkv,
+                self.o,
+                self.gate_up,
+                self.down,
+                (self.norm_in.weight, self.norm_post.weight),
+                (self.norm_in.variance_epsilon, self.norm_post.variance_epsilon),
+                self.attn.scaling,
+            )
+            self._step = made
+        return made
+
     def glued_kv(
         self,
         rows: torch.Tensor,

@@ -10,6 +10,8 @@ each row's valid slots to the right and drops the empty columns.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -122,6 +124,58 @@ class GrowingLayer(DynamicLayer):
         self._key_room = self._value_room = None
         self._views = None
         super().reset()
+
+
+def native_room(room: torch.Tensor, b: int, heads: int, head_dim: int) -> bool:
+    """A cache room a native step can write: (b, heads, rows, head_dim) bfloat16,
+    contiguous."""
+    return (
+        room.dtype == torch.bfloat16
+        and room.is_contiguous()
+        and room.shape[:2] == (b, heads)
+        and room.shape[-1] == head_dim
+    )
+
+
+class NativeRooms:
+    """The cache rooms of a native step that writes a cache's new keys and values itself
+    (the fused draft's and the target's one-call steps): every layer's room for t more
+    slots (GrowingLayer.reserve), with `point(i, key_room, value_room)` called only for
+    the layers whose rooms changed since the last step, so the native side's pointers are
+    set once per room. Weak references: a finished cache is freed."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.seen: list[tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]] | None]
+        self.seen = [None] * n_layers
+
+    def reserve(
+        self, cache: Any, t: int, n: int, point: Callable[[int, torch.Tensor, torch.Tensor], bool]
+    ) -> bool:
+        """Room for t new slots behind the n cached ones in each of the first n_layers
+        layers of cache; False where a layer is not a GrowingLayer, holds another
+        number of slots, or point() refuses its room (the caller then runs the usual
+        per-layer path; rooms made anew on the way hold the same keys and values)."""
+        layers = getattr(cache, "layers", None)
+        if layers is None or len(layers) < len(self.seen) or getattr(cache, "offloading", False):
+            return False
+        for i, layer in enumerate(layers[: len(self.seen)]):
+            room = layer.reserve(t) if isinstance(layer, GrowingLayer) else None
+            if room is None or room[2] != n:
+                return False
+            kr, vr, _ = room
+            last = self.seen[i]
+            if last is not None and last[0]() is kr and last[1]() is vr:
+                continue  # the last step's rooms: the native side points at them
+            self.seen[i] = None
+            if not point(i, kr, vr):
+                return False
+            self.seen[i] = (weakref.ref(kr), weakref.ref(vr))
+        return True
+
+    def grown(self, cache: Any, t: int) -> None:
+        """Take in the t slots the native step wrote after `reserve`."""
+        for layer in cache.layers[: len(self.seen)]:
+            layer.grown(t)
 
 
 def new_cache(config: Any) -> DynamicCache:

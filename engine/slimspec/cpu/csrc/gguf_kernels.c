@@ -2989,3 +2989,108 @@ int layer_post(const uint16_t *h, const uint16_t *attn, int64_t M, int64_t K, in
     free(t_d);
     return 0;
 }
+
+// One decoder layer of layers_step: its weights (q, k, v; o, gate, up, down), norms,
+// the attention's scale, and this step's cache room for its keys and values,
+// (B, Hkv, *_room_rows, d) bf16 with slots [0, n) filled.
+typedef struct {
+    const gguf_weight *qkv, *post;
+    const uint16_t *in_norm, *post_norm;
+    float in_eps, post_eps, scale;
+    uint16_t *k_room, *v_room;
+    int64_t k_room_rows, v_room_rows;
+} step_layer;
+
+// The scratch layers_step carves, in bytes: M rows' q, k, v and attention outputs,
+// the norms' and the MLP's intermediates (I: the widest gate), a second output
+// buffer, and the activation quantisation's room (64-byte aligned parts).
+static int64_t step_parts(int64_t M, int64_t K, int64_t Hq, int64_t Hkv, int64_t d, int64_t I,
+                          int64_t sizes[10]) {
+    int64_t widest = K > Hq * d ? K : Hq * d;
+    if (I > widest) widest = I;
+    const int64_t bf = (int64_t)sizeof(uint16_t);
+    const int64_t part[10] = {bf * M * Hq * d, bf * M * Hkv * d, bf * M * Hkv * d,
+                              bf * M * Hq * d, bf * M * K,       bf * 3 * M * I,
+                              bf * M * K,      M * widest,       4 * (M * widest / 32 + 1),
+                              2 * (M * widest / 16 + 1)};
+    int64_t total = 0;
+    for (int i = 0; i < 10; i++) {
+        sizes[i] = (part[i] + 63) / 64 * 64;
+        total += sizes[i];
+    }
+    return total + 64;
+}
+
+int64_t layers_step_scratch(int64_t M, int64_t K, int64_t Hq, int64_t Hkv, int64_t d, int64_t I) {
+    int64_t sizes[10];
+    return step_parts(M, K, Hq, Hkv, d, I, sizes);
+}
+
+// T new rows of each of B batch rows through n_layers layers in one call: h (B*T, K)
+// bf16 (not changed) -> out (B*T, K), the last layer's output. Per layer: layer_pre, the
+// new keys and values copied into the room's slots [n, n + T), attention_rows over
+// slots [0, n + T) (allowed (B, T, n + T) uint8 with strides asb / ast, or NULL:
+// causal), layer_post. The calls and copies of the per-layer loop (lean_stack.py), so
+// its bits. Why: at a few rows the torch work around a layer's three calls (the cache's
+// update, new tensors, the calls' arguments) was ~2.5-4 ms of a ~25 ms 28-layer target
+// forward on the 2-core Zen 5. scratch: layers_step_scratch(B*T, K, Hq, Hkv, d, I)
+// bytes, I the widest gate. Returns 0, or -2 for weights, rooms or scratch that do not
+// fit.
+int layers_step(const uint16_t *h, int64_t B, int64_t T, int64_t K, int64_t n_layers,
+                const step_layer *layers, const uint16_t *cos, const uint16_t *sin, int64_t Hq,
+                int64_t Hkv, int64_t d, int64_t n, const uint8_t *allowed, int64_t asb,
+                int64_t ast, uint16_t *out, uint8_t *scratch, int64_t scratch_bytes) {
+    const int64_t M = B * T, L = n + T;
+    int64_t I = 0;
+    for (int64_t i = 0; i < n_layers; i++) {
+        const step_layer *ly = layers + i;
+        if (ly->qkv[0].N != Hq * d || ly->qkv[1].N != Hkv * d || ly->qkv[2].N != Hkv * d ||
+            ly->k_room_rows < L || ly->v_room_rows < L)
+            return -2;
+        if (ly->post[1].N > I) I = ly->post[1].N;
+    }
+    int64_t sizes[10];
+    if (step_parts(M, K, Hq, Hkv, d, I, sizes) > scratch_bytes) return -2;
+    uint8_t *at = (uint8_t *)(((uintptr_t)scratch + 63) / 64 * 64), *part[10];
+    for (int i = 0; i < 10; i++) {
+        part[i] = at;
+        at += sizes[i];
+    }
+    uint16_t *qb = (uint16_t *)part[0], *kb = (uint16_t *)part[1], *vb = (uint16_t *)part[2];
+    uint16_t *attn = (uint16_t *)part[3], *xn = (uint16_t *)part[4], *mid = (uint16_t *)part[5];
+    uint16_t *other = (uint16_t *)part[6];
+    int8_t *q8 = (int8_t *)part[7];
+    float *dx = (float *)part[8];
+    int16_t *bsum = (int16_t *)part[9];
+    // the layers' outputs alternate between out and other, the last one landing in out
+    uint16_t *bufs[2] = {n_layers % 2 ? out : other, n_layers % 2 ? other : out};
+    const uint16_t *x = h;
+    int rc = 0;
+    for (int64_t i = 0; rc == 0 && i < n_layers; i++) {
+        const step_layer *ly = layers + i;
+        void *qkv_out[3] = {qb, kb, vb};
+        if (layer_pre(x, M, K, ly->in_norm, ly->in_eps, ly->qkv, qkv_out, cos, sin, d, xn, q8, dx,
+                      bsum, 0))
+            return -2;
+        for (int64_t m = 0; m < M; m++) {
+            const int64_t b = m / T, t = m % T;
+            for (int64_t g = 0; g < Hkv; g++) {
+                memcpy(ly->k_room + ((b * Hkv + g) * ly->k_room_rows + n + t) * d,
+                       kb + (m * Hkv + g) * d, sizeof(uint16_t) * (size_t)d);
+                memcpy(ly->v_room + ((b * Hkv + g) * ly->v_room_rows + n + t) * d,
+                       vb + (m * Hkv + g) * d, sizeof(uint16_t) * (size_t)d);
+            }
+        }
+        rc = attention_rows(qb, ly->k_room, ly->v_room, 1, T * Hq * d, Hq * d, d,
+                            Hkv * ly->k_room_rows * d, ly->k_room_rows * d, d,
+                            Hkv * ly->v_room_rows * d, ly->v_room_rows * d, d, allowed, asb, ast,
+                            B, T, Hq, Hkv, L, d, ly->scale, attn, 1);
+        if (rc) break;
+        uint16_t *y = bufs[i % 2];
+        if (layer_post(x, attn, M, K, Hq * d, ly->post, ly->post_norm, ly->post_eps, y, xn, mid,
+                       q8, dx, bsum, 0))
+            return -2;
+        x = y;
+    }
+    return rc;
+}
