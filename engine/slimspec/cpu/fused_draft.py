@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from slimspec.cpu import native_kernels
 from slimspec.cpu.native_kernels import NativeLowBitLinear
 from slimspec.cpu.projections import Projection, low_bit_projection
-from slimspec.decoding.kv import NativeRooms, native_room
+from slimspec.decoding.kv import NativeRooms
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 FUSED_BITS = {"int8-fused": 8, "int4-fused": 4, "bf16-fused": 16}  # mode -> MLP weight bits
@@ -308,19 +308,9 @@ class FusedDraftBase:
             return False
         allowed = mask[:, 0].contiguous()  # (B, T, n + T)
         n = allowed.shape[-1] - q
-
-        def point(i: int, kr: torch.Tensor, vr: torch.Tensor) -> bool:
-            lyr = self.layers[0]
-            if not all(native_room(r, b, lyr.n_kv, lyr.head_dim) for r in (kr, vr)):
-                return False
-            dst = layers[i]
-            dst.k_room, dst.v_room = kr.data_ptr(), vr.data_ptr()
-            dst.k_room_rows, dst.v_room_rows = kr.shape[2], vr.shape[2]
-            return True
-
-        if not self._rooms.reserve(cache, q, n, point):
-            return False
         lyr = self.layers[0]
+        if not self._rooms.reserve(cache, q, n, layers, (b, lyr.n_kv, lyr.head_dim)):
+            return False
         cos2 = cos.to(self.dtype).reshape(b * q, -1).contiguous()
         sin2 = sin.to(self.dtype).reshape(b * q, -1).contiguous()
         rc = lib.draft_layers_step(

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from slimspec.cpu import clib
+from slimspec.cpu.native_kernels import LAYER_STEP_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +114,7 @@ class StepLayer(ctypes.Structure):
     _fields_ = [
         ("qkv", ctypes.POINTER(_Weight)),
         ("post", ctypes.POINTER(_Weight)),
-        ("in_norm", ctypes.c_void_p),
-        ("post_norm", ctypes.c_void_p),
-        ("in_eps", ctypes.c_float),
-        ("post_eps", ctypes.c_float),
-        ("scale", ctypes.c_float),
-        ("k_room", ctypes.c_void_p),
-        ("v_room", ctypes.c_void_p),
-        ("k_room_rows", ctypes.c_int64),
-        ("v_room_rows", ctypes.c_int64),
+        *LAYER_STEP_FIELDS,
     ]
 
 

@@ -32,7 +32,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from slimspec.cpu import gguf_kernels, rowwise_attention
 from slimspec.cpu.lean_layers import LeanLayer
 from slimspec.cpu.target_attention import allowed_keys
-from slimspec.decoding.kv import NativeRooms, native_room
+from slimspec.decoding.kv import NativeRooms
 
 STACKS = {"Qwen2Model", "LlamaModel"}
 # the row attention, alone or wrapped for grouped forwards (decoding/grouped_forward.py)
@@ -238,16 +238,7 @@ class LeanStack:
             self._rooms = NativeRooms(len(leans))
         layers = self._step[1]
         n = cache.get_seq_length()
-
-        def point(i: int, kr: torch.Tensor, vr: torch.Tensor) -> bool:
-            if not all(native_room(r, b, heads[1], heads[2]) for r in (kr, vr)):
-                return False
-            dst = layers[i]
-            dst.k_room, dst.v_room = kr.data_ptr(), vr.data_ptr()
-            dst.k_room_rows, dst.v_room_rows = kr.shape[2], vr.shape[2]
-            return True
-
-        if not self._rooms.reserve(cache, t, n, point):
+        if not self._rooms.reserve(cache, t, n, layers, (b, heads[1], heads[2])):
             return None
         widest = max(lean.gate_up.sizes[0] for lean in leans)
         allowed = allowed_keys(mask, t, n + t)

@@ -200,6 +200,22 @@ class ProjDesc(ctypes.Structure):
     )
 
 
+# What a one-call step's layer struct holds after its weights, in both C files
+# (draft_layer_t, step_layer): norms, epsilons, the attention's scale, and the cache room
+# for its keys and values (kv.NativeRooms sets the room fields).
+LAYER_STEP_FIELDS = (
+    ("in_norm", ctypes.c_void_p),
+    ("post_norm", ctypes.c_void_p),
+    ("in_eps", ctypes.c_float),
+    ("post_eps", ctypes.c_float),
+    ("scale", ctypes.c_float),
+    ("k_room", ctypes.c_void_p),
+    ("v_room", ctypes.c_void_p),
+    ("k_room_rows", ctypes.c_int64),
+    ("v_room_rows", ctypes.c_int64),
+)
+
+
 class DraftLayer(ctypes.Structure):
     """csrc/draft_kernels.c's draft_layer_t: one layer's weights for draft_layers_step,
     and the step's cache room for its keys and values (set per step)."""
@@ -209,15 +225,7 @@ class DraftLayer(ctypes.Structure):
         ("o", ProjDesc),
         ("gate_up", ProjDesc),
         ("down", ProjDesc),
-        ("in_norm", ctypes.c_void_p),
-        ("post_norm", ctypes.c_void_p),
-        ("in_eps", ctypes.c_float),
-        ("post_eps", ctypes.c_float),
-        ("scale", ctypes.c_float),
-        ("k_room", ctypes.c_void_p),
-        ("v_room", ctypes.c_void_p),
-        ("k_room_rows", ctypes.c_int64),
-        ("v_room_rows", ctypes.c_int64),
+        *LAYER_STEP_FIELDS,
     )
 
 

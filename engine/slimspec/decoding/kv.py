@@ -11,7 +11,6 @@ each row's valid slots to the right and drops the empty columns.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -140,21 +139,22 @@ def native_room(room: torch.Tensor, b: int, heads: int, head_dim: int) -> bool:
 class NativeRooms:
     """The cache rooms of a native step that writes a cache's new keys and values itself
     (the fused draft's and the target's one-call steps): every layer's room for t more
-    slots (GrowingLayer.reserve), with `point(i, key_room, value_room)` called only for
-    the layers whose rooms changed since the last step, so the native side's pointers are
-    set once per room. Weak references: a finished cache is freed."""
+    slots (GrowingLayer.reserve), written into that layer's native struct (its k_room,
+    v_room, k_room_rows and v_room_rows fields) only where the room changed since the
+    last step. Weak references: a finished cache is freed."""
 
     def __init__(self, n_layers: int) -> None:
         self.seen: list[tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]] | None]
         self.seen = [None] * n_layers
 
     def reserve(
-        self, cache: Any, t: int, n: int, point: Callable[[int, torch.Tensor, torch.Tensor], bool]
+        self, cache: Any, t: int, n: int, structs: Any, shape: tuple[int, int, int]
     ) -> bool:
         """Room for t new slots behind the n cached ones in each of the first n_layers
-        layers of cache; False where a layer is not a GrowingLayer, holds another
-        number of slots, or point() refuses its room (the caller then runs the usual
-        per-layer path; rooms made anew on the way hold the same keys and values)."""
+        layers of cache, pointed at by structs[i]; False where a layer is not a
+        GrowingLayer, holds another number of slots, or its room is not native_room's
+        of shape (batch, kv heads, head_dim) (the caller then runs the usual per-layer
+        path; rooms made anew on the way hold the same keys and values)."""
         layers = getattr(cache, "layers", None)
         if layers is None or len(layers) < len(self.seen) or getattr(cache, "offloading", False):
             return False
@@ -167,8 +167,11 @@ class NativeRooms:
             if last is not None and last[0]() is kr and last[1]() is vr:
                 continue  # the last step's rooms: the native side points at them
             self.seen[i] = None
-            if not point(i, kr, vr):
+            if not all(native_room(r, *shape) for r in (kr, vr)):
                 return False
+            dst = structs[i]
+            dst.k_room, dst.v_room = kr.data_ptr(), vr.data_ptr()
+            dst.k_room_rows, dst.v_room_rows = kr.shape[2], vr.shape[2]
             self.seen[i] = (weakref.ref(kr), weakref.ref(vr))
         return True
 
